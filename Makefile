@@ -1,0 +1,48 @@
+# teraio — front door.  `make demo` and `make test` do all set-up themselves.
+#   make         build build/lib/libteraio.so and build/bin/teraio
+#   make test    C unit tests, CLI error tests, ASan+UBSan run, fuzz smoke, pytest
+#   make demo    train a real model with tensors offloaded to SSD (build/demo/)
+#   make bench   benchmarks (ratios against references measured in the same run)
+SHELL := /bin/bash
+PY := .venv/bin/python
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 20
+CMAKE_GEN := -G Ninja
+
+.PHONY: all deps build test test-c test-asan test-fuzz test-python demo bench clean
+
+all: build
+
+deps:
+	@scripts/deps
+
+build: deps
+	@cmake -S . -B build $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build -j $(JOBS)
+
+test: build test-c test-asan test-fuzz test-python
+
+test-c: build
+	ctest --test-dir build --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	@cmake -S . -B build-asan $(CMAKE_GEN) -DTIO_SANITIZE=address,undefined >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+test-fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS)
+
+test-python: build
+	$(PY) -m pytest -q tests/python
+
+demo: build
+	$(PY) -m teraio.demo --out build/demo
+
+bench: build
+	@scripts/bench
+
+clean:
+	rm -rf build build-asan build-fuzz

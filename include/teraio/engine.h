@@ -1,0 +1,122 @@
+/*
+ * teraio/engine.h — asynchronous storage I/O between memory and SSD files.
+ *
+ * The engine moves bytes between addresses and files; it knows nothing of
+ * tensors or plans.  Each SSD directory gets one preallocated backing file
+ * (`teraio.<pid>.data`, removed on destroy).  Space is handed out as
+ * extents in one logical address space that is striped across the
+ * directories in `stripe_bytes` units (logical offset o lives in directory
+ * (o / stripe) % n_dirs at file offset (o / (stripe * n_dirs)) * stripe +
+ * o % stripe).  Extents are 4 KiB-aligned; requests of any length (not only
+ * multiples of 4 KiB) and any buffer alignment are accepted: unaligned parts
+ * go through aligned bounce buffers.
+ *
+ * Backends, chosen by a probe that does a real aligned write and read in
+ * each directory: io_uring with O_DIRECT; else a thread pool of
+ * pread/pwrite (O_DIRECT where the file system allows it, buffered I/O
+ * otherwise).  tio_engine_backend() says which and why.
+ *
+ * Every completion's length is checked; short transfers are resubmitted for
+ * the rest; EINTR/EAGAIN are retried; any other error completes the request
+ * with -errno and a message naming the file and offset.
+ *
+ * Thread-safety: one engine may be used from one thread at a time (the
+ * runtime's thread); it runs its own worker threads internally.
+ */
+#ifndef TERAIO_ENGINE_H
+#define TERAIO_ENGINE_H
+
+#include "teraio/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIO_EXTENT_ALIGN 4096u
+
+typedef enum {
+    TIO_BACKEND_AUTO = 0,     /* probe: io_uring, then psync */
+    TIO_BACKEND_IO_URING = 1, /* io_uring only (fail if refused) */
+    TIO_BACKEND_PSYNC = 2,    /* thread pool of pread/pwrite */
+} tio_backend;
+
+typedef struct {
+    const char *const *dirs;  /* SSD directories (must exist, be writable) */
+    uint32_t n_dirs;          /* >= 1 */
+    uint64_t capacity_bytes;  /* total space to preallocate, split over dirs */
+    uint32_t stripe_bytes;    /* striping unit, multiple of 4 KiB; default 1 MiB */
+    uint32_t queue_depth;     /* in-flight requests per directory; default 32 */
+    uint32_t request_bytes;   /* max bytes per I/O request; default 1 MiB */
+    tio_backend backend;      /* default AUTO */
+} tio_engine_options;
+
+/* Defaults for everything except dirs/n_dirs/capacity_bytes. */
+TIO_API void tio_engine_options_default(tio_engine_options *opt);
+
+typedef struct tio_engine tio_engine;
+
+/* A region of the engine's striped space. */
+typedef struct {
+    uint64_t offset;   /* logical offset, multiple of TIO_EXTENT_ALIGN */
+    uint64_t bytes;    /* reserved length, multiple of TIO_EXTENT_ALIGN */
+} tio_extent;
+
+/* Create the engine: check each directory, create and preallocate the
+ * backing files, probe the backend.
+ * Returns 0; -ENOENT / -ENOTDIR / -EACCES (a directory missing or not
+ * writable: message names it); -ENOSPC (cannot preallocate); -EPROTONOSUPPORT
+ * (backend IO_URING forced but refused); -EINVAL; -ENOMEM. */
+TIO_API int tio_engine_create(const tio_engine_options *opt, tio_engine **out);
+
+/* Wait for in-flight requests, close and delete the backing files. */
+TIO_API void tio_engine_destroy(tio_engine *engine);
+
+/* The backend in use and, if it is not the preferred one, why
+ * (e.g. "psync: io_uring_queue_init: Operation not permitted"). */
+TIO_API tio_backend tio_engine_backend(const tio_engine *engine);
+TIO_API const char *tio_engine_backend_reason(const tio_engine *engine);
+TIO_API const char *tio_backend_name(tio_backend backend);
+
+/* Reserve space for `bytes` (rounded up to 4 KiB).  Returns 0, -ENOSPC. */
+TIO_API int tio_engine_alloc(tio_engine *engine, uint64_t bytes, tio_extent *out);
+/* Return an extent's space.  Returns 0 or -EINVAL (not allocated). */
+TIO_API int tio_engine_free(tio_engine *engine, const tio_extent *extent);
+
+/* Queue a write of `bytes` (<= extent->bytes) from `buf` into the extent, or
+ * a read into `buf`.  `buf` must stay valid until the request completes.
+ * `tag` is returned in the completion.  Returns 0 or -EINVAL, -ENOMEM.
+ * Urgent requests are served before queued non-urgent ones. */
+TIO_API int tio_engine_submit_write(tio_engine *engine, const tio_extent *extent,
+                                    const void *buf, uint64_t bytes, uint64_t tag, bool urgent);
+TIO_API int tio_engine_submit_read(tio_engine *engine, const tio_extent *extent,
+                                   void *buf, uint64_t bytes, uint64_t tag, bool urgent);
+
+typedef struct {
+    uint64_t tag;
+    int result;        /* 0, or -errno of the first failure (message in
+                          tio_engine_completion_error) */
+} tio_completion;
+
+/* Collect finished requests: waits until at least `min_complete` are
+ * available (0: don't wait), stores up to `max` in `out`.
+ * Returns the number stored (>= 0) or a negative error. */
+TIO_API int tio_engine_reap(tio_engine *engine, tio_completion *out, uint32_t max,
+                            uint32_t min_complete);
+
+/* Requests submitted and not yet reaped. */
+TIO_API uint32_t tio_engine_in_flight(const tio_engine *engine);
+
+/* Synchronous helpers: submit one request and wait for it (other requests'
+ * completions that arrive meanwhile stay queued for tio_engine_reap). */
+TIO_API int tio_engine_write(tio_engine *engine, const tio_extent *extent, const void *buf,
+                             uint64_t bytes);
+TIO_API int tio_engine_read(tio_engine *engine, const tio_extent *extent, void *buf,
+                            uint64_t bytes);
+
+/* Path of directory i's backing file (for tests and tools). */
+TIO_API const char *tio_engine_backing_path(const tio_engine *engine, uint32_t dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,16 @@
+/*
+ * teraio/teraio.h — the whole public API.
+ *
+ * teraio is the storage layer of LLM training: lifetime-aware tensor
+ * offloading to SSD and host memory (trace -> lifetime -> plan -> runtime,
+ * over one I/O engine).  Each module's header is its manual.
+ */
+#ifndef TERAIO_TERAIO_H
+#define TERAIO_TERAIO_H
+#include "teraio/common.h"
+#include "teraio/trace.h"
+#include "teraio/lifetime.h"
+#include "teraio/plan.h"
+#include "teraio/engine.h"
+#include "teraio/runtime.h"
+#endif

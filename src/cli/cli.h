@@ -1,0 +1,34 @@
+/*
+ * cli/cli.h — shared pieces of the `teraio` command: the subcommand table
+ * entries and argument helpers.  Every subcommand returns the process exit
+ * status; on failure it has printed exactly one line to stderr
+ * ("teraio <cmd>: <what went wrong>").
+ */
+#ifndef TERAIO_CLI_H
+#define TERAIO_CLI_H
+
+#include <stdint.h>
+#include <stdbool.h>
+
+int cmd_version(int argc, char **argv);
+int cmd_analyze(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+
+/* Print "teraio <cmd>: <message>" on stderr; returns exit status 1. */
+int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Same, for a library error code: appends tio_last_error() or tio_strerror(rc). */
+int cli_lib_error(const char *cmd, int rc);
+
+/* Parse a byte count: plain integer or with suffix K/M/G/T (powers of 1024,
+ * also KiB/MiB/GiB/TiB) or KB/MB/GB/TB (powers of 1000).
+ * Returns true and stores it in *out, false if malformed or overflowing. */
+bool cli_parse_bytes(const char *s, uint64_t *out);
+
+/* Parse a finite positive double. */
+bool cli_parse_positive(const char *s, double *out);
+
+/* Format bytes as "1.50 GiB" into buf (>= 32 bytes); returns buf. */
+char *cli_format_bytes(uint64_t bytes, char *buf);
+
+#endif

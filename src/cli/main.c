@@ -1,0 +1,56 @@
+/*
+ * cli/main.c — the `teraio` command: dispatch to subcommands.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "teraio/teraio.h"
+
+struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage;
+};
+
+static const struct subcommand commands[] = {
+    {"version", cmd_version, "version                 print the version and compiled-in features"},
+    {"analyze", cmd_analyze, "analyze TRACE [...]     inactive periods, memory curve, paper statistics"},
+    {"plan", cmd_plan, "plan TRACE --capacity BYTES [...] -o PLAN   plan offloads (Algorithm 1)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: teraio <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %s\n", commands[i].usage);
+    fprintf(f, "\n'teraio <command> --help' shows a command's options.\n");
+}
+
+int cmd_version(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("teraio %s\nfeatures: %s\n", tio_version(), tio_features());
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version"))
+        return cmd_version(0, NULL);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "teraio: unknown command '%s' (try 'teraio --help')\n", argv[1]);
+    return 2;
+}
