@@ -16,8 +16,6 @@ struct subcommand {
 
 static const struct subcommand commands[] = {
     {"version", cmd_version, "version                 print the version and compiled-in features"},
-    {"analyze", cmd_analyze, "analyze TRACE [...]     inactive periods, memory curve, paper statistics"},
-    {"plan", cmd_plan, "plan TRACE --capacity BYTES [...] -o PLAN   plan offloads (Algorithm 1)"},
 };
 
 static void usage(FILE *f)
