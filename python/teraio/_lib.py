@@ -1,0 +1,203 @@
+"""ctypes bindings to libteraio.
+
+The adapter is thin on purpose: every algorithm (trace format, lifetime
+analysis, planning, the I/O engine, the runtime) lives in the C library.  This
+module only declares the C signatures it calls and turns negative return codes
+into :class:`TeraioError` carrying the library's own message.
+
+The library is found, in order: ``$TERAIO_LIBRARY``; ``teraio/_lib/`` next to
+this file (an installed wheel); ``build/lib/`` of the source tree this package
+sits in (a development checkout).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char_p, c_double, c_int,
+                    c_uint8, c_uint32, c_uint64, c_void_p)
+from pathlib import Path
+
+
+class TeraioError(RuntimeError):
+    """A libteraio call failed; ``code`` is the negative error code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _find_library() -> str:
+    env = os.environ.get("TERAIO_LIBRARY")
+    if env:
+        return env
+    here = Path(__file__).resolve().parent
+    for cand in (here / "_lib" / "libteraio.so", here.parent.parent / "build" / "lib" / "libteraio.so"):
+        if cand.exists():
+            return str(cand)
+    raise ImportError("libteraio.so not found: build it with 'make' or set TERAIO_LIBRARY")
+
+
+lib = ctypes.CDLL(_find_library())
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+# ---- common -----------------------------------------------------------------
+LOG_FN = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+tio_strerror = _fn("tio_strerror", c_char_p, c_int)
+tio_last_error = _fn("tio_last_error", c_char_p)
+tio_version = _fn("tio_version", c_char_p)
+tio_features = _fn("tio_features", c_char_p)
+tio_set_log = _fn("tio_set_log", None, LOG_FN, c_void_p, c_int)
+
+
+def check(rc: int) -> int:
+    """Raise TeraioError for a negative return code, else return it."""
+    if rc < 0:
+        msg = (tio_last_error() or b"").decode(errors="replace") or tio_strerror(rc).decode()
+        raise TeraioError(rc, msg)
+    return rc
+
+
+# ---- trace ------------------------------------------------------------------
+class TraceTensor(Structure):
+    _fields_ = [("id", c_uint32), ("bytes", c_uint64), ("kind", c_int), ("global_", c_bool),
+                ("name", c_char_p)]
+
+
+class TraceKernel(Structure):
+    _fields_ = [("name", c_char_p), ("duration_ns", c_uint64), ("first_access", c_uint32),
+                ("n_accesses", c_uint32)]
+
+
+class TraceAccess(Structure):
+    _fields_ = [("tensor", c_uint32), ("mode", c_uint8)]
+
+
+class Trace(Structure):
+    _fields_ = [("n_tensors", c_uint32), ("tensors", POINTER(TraceTensor)),
+                ("n_kernels", c_uint32), ("kernels", POINTER(TraceKernel)),
+                ("n_accesses", c_uint32), ("accesses", POINTER(TraceAccess)),
+                ("model", c_char_p),
+                ("cap_tensors", c_uint32), ("cap_kernels", c_uint32), ("cap_accesses", c_uint32)]
+
+
+TraceP = POINTER(Trace)
+tio_trace_create = _fn("tio_trace_create", c_int, c_char_p, POINTER(TraceP))
+tio_trace_destroy = _fn("tio_trace_destroy", None, TraceP)
+tio_trace_add_tensor = _fn("tio_trace_add_tensor", c_int, TraceP, c_uint64, c_int, c_bool, c_char_p,
+                           POINTER(c_uint32))
+tio_trace_add_kernel = _fn("tio_trace_add_kernel", c_int, TraceP, c_char_p, c_uint64)
+tio_trace_add_access = _fn("tio_trace_add_access", c_int, TraceP, c_uint32, c_uint8)
+tio_trace_validate = _fn("tio_trace_validate", c_int, TraceP)
+tio_trace_save = _fn("tio_trace_save", c_int, TraceP, c_char_p)
+tio_trace_load = _fn("tio_trace_load", c_int, c_char_p, POINTER(TraceP))
+
+# ---- lifetime ---------------------------------------------------------------
+class Lifetime(Structure):
+    _fields_ = [("n_kernels", c_uint32), ("n_tensors", c_uint32),
+                ("memory_bytes", POINTER(c_uint64)), ("active_bytes", POINTER(c_uint64)),
+                ("peak_bytes", c_uint64), ("peak_kernel", c_uint32), ("max_active_bytes", c_uint64),
+                ("first_use", POINTER(c_uint32)), ("last_use", POINTER(c_uint32)),
+                ("start_ns", POINTER(c_uint64)), ("n_periods", c_uint32), ("periods", c_void_p)]
+
+
+LifetimeP = POINTER(Lifetime)
+tio_lifetime_analyze = _fn("tio_lifetime_analyze", c_int, TraceP, POINTER(LifetimeP))
+tio_lifetime_destroy = _fn("tio_lifetime_destroy", None, LifetimeP)
+
+# ---- plan -------------------------------------------------------------------
+class PlanOptions(Structure):
+    _fields_ = [("capacity_bytes", c_uint64), ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double),
+                ("host_to_device_gbps", c_double), ("device_to_host_gbps", c_double),
+                ("host_cap_bytes", c_uint64)]
+
+
+class Migration(Structure):
+    _fields_ = [("tensor", c_uint32), ("kind", c_int), ("trigger_kernel", c_uint32),
+                ("deadline_kernel", c_uint32), ("tier", c_int), ("bytes", c_uint64)]
+
+
+class Plan(Structure):
+    _fields_ = [("n_kernels", c_uint32), ("n_tensors", c_uint32), ("capacity_bytes", c_uint64),
+                ("n_migrations", c_uint32), ("migrations", POINTER(Migration)),
+                ("planned_memory_bytes", POINTER(c_uint64)), ("planned_peak_bytes", c_uint64),
+                ("peak_host_bytes", c_uint64), ("bytes_to_ssd", c_uint64), ("bytes_to_host", c_uint64),
+                ("fits", c_bool), ("plan_seconds", c_double)]
+
+
+PlanP = POINTER(Plan)
+tio_plan_options_default = _fn("tio_plan_options_default", None, POINTER(PlanOptions))
+tio_plan_build = _fn("tio_plan_build", c_int, TraceP, LifetimeP, POINTER(PlanOptions), POINTER(PlanP))
+tio_plan_destroy = _fn("tio_plan_destroy", None, PlanP)
+tio_plan_save = _fn("tio_plan_save", c_int, PlanP, c_char_p)
+tio_plan_load = _fn("tio_plan_load", c_int, c_char_p, POINTER(PlanP))
+tio_plan_check = _fn("tio_plan_check", c_int, PlanP, TraceP, LifetimeP)
+
+# ---- engine -----------------------------------------------------------------
+class EngineOptions(Structure):
+    _fields_ = [("dirs", POINTER(c_char_p)), ("n_dirs", c_uint32), ("capacity_bytes", c_uint64),
+                ("stripe_bytes", c_uint32), ("queue_depth", c_uint32), ("request_bytes", c_uint32),
+                ("backend", c_int)]
+
+
+class Extent(Structure):
+    _fields_ = [("offset", c_uint64), ("bytes", c_uint64)]
+
+
+EngineP = c_void_p
+tio_engine_options_default = _fn("tio_engine_options_default", None, POINTER(EngineOptions))
+tio_engine_create = _fn("tio_engine_create", c_int, POINTER(EngineOptions), POINTER(c_void_p))
+tio_engine_destroy = _fn("tio_engine_destroy", None, c_void_p)
+tio_engine_backend = _fn("tio_engine_backend", c_int, c_void_p)
+tio_engine_backend_reason = _fn("tio_engine_backend_reason", c_char_p, c_void_p)
+tio_backend_name = _fn("tio_backend_name", c_char_p, c_int)
+tio_engine_alloc = _fn("tio_engine_alloc", c_int, c_void_p, c_uint64, POINTER(Extent))
+tio_engine_free = _fn("tio_engine_free", c_int, c_void_p, POINTER(Extent))
+tio_engine_write = _fn("tio_engine_write", c_int, c_void_p, POINTER(Extent), c_void_p, c_uint64)
+tio_engine_read = _fn("tio_engine_read", c_int, c_void_p, POINTER(Extent), c_void_p, c_uint64)
+
+# ---- runtime ----------------------------------------------------------------
+ALLOCATE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32, c_uint64, POINTER(c_void_p))
+RELEASE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32)
+
+
+class RuntimeCallbacks(Structure):
+    _fields_ = [("ctx", c_void_p), ("allocate", ALLOCATE_FN), ("release", RELEASE_FN)]
+
+
+class RuntimeStats(Structure):
+    _fields_ = [("bytes_offloaded", c_uint64), ("bytes_offloaded_ssd", c_uint64),
+                ("bytes_offloaded_host", c_uint64), ("bytes_prefetched", c_uint64),
+                ("bytes_fetched_urgent", c_uint64), ("n_offloads", c_uint64), ("n_prefetches", c_uint64),
+                ("stalls", c_uint64), ("stall_ns", c_uint64), ("wait_ns", c_uint64),
+                ("offloads_refused", c_uint64), ("resident_bytes", c_uint64),
+                ("peak_resident_bytes", c_uint64), ("iterations", c_uint64), ("diverged", c_bool),
+                ("diverged_kernel", c_uint32)]
+
+
+tio_runtime_create = _fn("tio_runtime_create", c_int, PlanP, TraceP, c_void_p, POINTER(RuntimeCallbacks),
+                         POINTER(c_void_p))
+tio_runtime_destroy = _fn("tio_runtime_destroy", None, c_void_p)
+tio_runtime_tensor_bind = _fn("tio_runtime_tensor_bind", c_int, c_void_p, c_uint32, c_void_p, c_uint64)
+tio_runtime_tensor_unbind = _fn("tio_runtime_tensor_unbind", c_int, c_void_p, c_uint32)
+tio_runtime_iteration_begin = _fn("tio_runtime_iteration_begin", c_int, c_void_p)
+tio_runtime_kernel_begin = _fn("tio_runtime_kernel_begin", c_int, c_void_p, c_uint32, c_char_p)
+tio_runtime_ensure_resident = _fn("tio_runtime_ensure_resident", c_int, c_void_p, c_uint32,
+                                  POINTER(c_void_p))
+tio_runtime_is_resident = _fn("tio_runtime_is_resident", c_bool, c_void_p, c_uint32)
+tio_runtime_fetch_all = _fn("tio_runtime_fetch_all", c_int, c_void_p)
+tio_runtime_get_stats = _fn("tio_runtime_get_stats", None, c_void_p, POINTER(RuntimeStats))
+
+
+def version() -> str:
+    return tio_version().decode()
+
+
+def features() -> str:
+    return tio_features().decode()

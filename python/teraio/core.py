@@ -1,0 +1,209 @@
+"""Python handles on libteraio's objects: Trace, Lifetime, Plan, Engine.
+
+Each class owns one C object and frees it when collected.  They exist so the
+PyTorch adapter and the demo can drive the C library; no algorithm is
+re-implemented here.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Iterable, Sequence
+
+from . import _lib as L
+
+KINDS = {"parameter": 0, "gradient": 1, "optimizer_state": 2, "activation": 3, "temporary": 4}
+READ, WRITE = 1, 2
+TIER_NAMES = {0: "device", 1: "host", 2: "ssd"}
+
+
+class Trace:
+    """A trace of one iteration (see include/teraio/trace.h)."""
+
+    def __init__(self, ptr):
+        self._p = ptr
+
+    @classmethod
+    def build(cls, model: str, tensors: Sequence[tuple], kernels: Iterable[tuple]) -> "Trace":
+        """tensors: (bytes, kind name, is_global, name) in id order;
+        kernels: (name, duration_ns, [(tensor id, mode bits), ...])."""
+        p = L.TraceP()
+        L.check(L.tio_trace_create(model.encode(), ctypes.byref(p)))
+        t = cls(p)
+        tid = ctypes.c_uint32()
+        for nbytes, kind, is_global, name in tensors:
+            L.check(L.tio_trace_add_tensor(p, nbytes, KINDS[kind], is_global,
+                                           name.encode() if name else None, ctypes.byref(tid)))
+        for name, dur, accesses in kernels:
+            L.check(L.tio_trace_add_kernel(p, name.encode(), int(dur)))
+            for tensor, mode in accesses:
+                L.check(L.tio_trace_add_access(p, tensor, mode))
+        L.check(L.tio_trace_validate(p))
+        return t
+
+    @classmethod
+    def load(cls, path: str) -> "Trace":
+        p = L.TraceP()
+        L.check(L.tio_trace_load(os.fsencode(path), ctypes.byref(p)))
+        return cls(p)
+
+    def save(self, path: str) -> None:
+        L.check(L.tio_trace_save(self._p, os.fsencode(path)))
+
+    @property
+    def n_kernels(self) -> int:
+        return self._p.contents.n_kernels
+
+    @property
+    def n_tensors(self) -> int:
+        return self._p.contents.n_tensors
+
+    def kernel_name(self, k: int) -> str:
+        return self._p.contents.kernels[k].name.decode()
+
+    def kernel_ns(self) -> list[int]:
+        ks = self._p.contents.kernels
+        return [ks[k].duration_ns for k in range(self.n_kernels)]
+
+    def tensor_bytes(self, i: int) -> int:
+        return self._p.contents.tensors[i].bytes
+
+    def __del__(self):
+        if getattr(self, "_p", None):
+            L.tio_trace_destroy(self._p)
+            self._p = None
+
+
+class Lifetime:
+    """Lifetime analysis of a trace (include/teraio/lifetime.h)."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self._p = L.LifetimeP()
+        L.check(L.tio_lifetime_analyze(trace._p, ctypes.byref(self._p)))
+
+    @property
+    def peak_bytes(self) -> int:
+        return self._p.contents.peak_bytes
+
+    @property
+    def max_active_bytes(self) -> int:
+        return self._p.contents.max_active_bytes
+
+    def memory_curve(self) -> list[int]:
+        c = self._p.contents
+        return c.memory_bytes[: c.n_kernels]
+
+    def __del__(self):
+        if getattr(self, "_p", None):
+            L.tio_lifetime_destroy(self._p)
+            self._p = None
+
+
+class Plan:
+    """An offload plan (include/teraio/plan.h)."""
+
+    def __init__(self, ptr, trace: Trace | None = None):
+        self._p = ptr
+        self.trace = trace
+
+    @classmethod
+    def build(cls, trace: Trace, lifetime: Lifetime, capacity_bytes: int, ssd_read_gbps: float,
+              ssd_write_gbps: float, host_cap_bytes: int = 0) -> "Plan":
+        opt = L.PlanOptions()
+        L.tio_plan_options_default(ctypes.byref(opt))
+        opt.capacity_bytes = int(capacity_bytes)
+        opt.ssd_read_gbps = ssd_read_gbps
+        opt.ssd_write_gbps = ssd_write_gbps
+        opt.host_cap_bytes = int(host_cap_bytes)
+        p = L.PlanP()
+        L.check(L.tio_plan_build(trace._p, lifetime._p, ctypes.byref(opt), ctypes.byref(p)))
+        return cls(p, trace)
+
+    @classmethod
+    def load(cls, path: str, trace: Trace, lifetime: Lifetime) -> "Plan":
+        p = L.PlanP()
+        L.check(L.tio_plan_load(os.fsencode(path), ctypes.byref(p)))
+        plan = cls(p, trace)
+        L.check(L.tio_plan_check(p, trace._p, lifetime._p))
+        return plan
+
+    def save(self, path: str) -> None:
+        L.check(L.tio_plan_save(self._p, os.fsencode(path)))
+
+    def __getattr__(self, name):
+        if name in ("n_migrations", "capacity_bytes", "planned_peak_bytes", "bytes_to_ssd", "bytes_to_host",
+                    "fits", "plan_seconds", "n_kernels", "peak_host_bytes"):
+            return getattr(self._p.contents, name)
+        raise AttributeError(name)
+
+    def planned_curve(self) -> list[int]:
+        c = self._p.contents
+        return c.planned_memory_bytes[: c.n_kernels] if c.planned_memory_bytes else []
+
+    def migrations(self) -> list[dict]:
+        c = self._p.contents
+        out = []
+        for i in range(c.n_migrations):
+            m = c.migrations[i]
+            out.append({"tensor": m.tensor, "kind": "offload" if m.kind == 0 else "prefetch",
+                        "trigger": m.trigger_kernel, "deadline": m.deadline_kernel,
+                        "tier": TIER_NAMES[m.tier], "bytes": m.bytes})
+        return out
+
+    def __del__(self):
+        if getattr(self, "_p", None):
+            L.tio_plan_destroy(self._p)
+            self._p = None
+
+
+BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2}
+
+
+class Engine:
+    """The storage engine over one or more SSD directories (include/teraio/engine.h)."""
+
+    def __init__(self, dirs: Sequence[str], capacity_bytes: int, backend: str = "auto"):
+        opt = L.EngineOptions()
+        L.tio_engine_options_default(ctypes.byref(opt))
+        self._dirs = (ctypes.c_char_p * len(dirs))(*[os.fsencode(d) for d in dirs])
+        opt.dirs = self._dirs
+        opt.n_dirs = len(dirs)
+        opt.capacity_bytes = int(capacity_bytes)
+        opt.backend = BACKENDS[backend]
+        self._p = ctypes.c_void_p()
+        L.check(L.tio_engine_create(ctypes.byref(opt), ctypes.byref(self._p)))
+
+    @property
+    def backend(self) -> str:
+        return L.tio_backend_name(L.tio_engine_backend(self._p)).decode()
+
+    @property
+    def backend_reason(self) -> str:
+        r = L.tio_engine_backend_reason(self._p)
+        return r.decode() if r else ""
+
+    def measure_gbps(self, nbytes: int = 128 << 20) -> tuple[float, float]:
+        """Write then read `nbytes` through the engine; returns (read, write) GB/s."""
+        buf = ctypes.create_string_buffer(nbytes)
+        ctypes.memset(buf, 0x5A, nbytes)
+        ext = L.Extent()
+        L.check(L.tio_engine_alloc(self._p, nbytes, ctypes.byref(ext)))
+        try:
+            t0 = time.perf_counter()
+            L.check(L.tio_engine_write(self._p, ctypes.byref(ext), buf, nbytes))
+            t1 = time.perf_counter()
+            L.check(L.tio_engine_read(self._p, ctypes.byref(ext), buf, nbytes))
+            t2 = time.perf_counter()
+        finally:
+            L.tio_engine_free(self._p, ctypes.byref(ext))
+        return nbytes / (t2 - t1) / 1e9, nbytes / (t1 - t0) / 1e9
+
+    def close(self) -> None:
+        if getattr(self, "_p", None):
+            L.tio_engine_destroy(self._p)
+            self._p = None
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,346 @@
+"""`make demo`: a real model trains on real text with its tensors offloaded to SSD.
+
+Two runs of the same training job, each in its own process so that their
+memory can be measured apart:
+
+* run A — no offloading.  Iteration 1 is profiled to get the memory curve
+  M[k] and its peak (the bytes that must be resident without teraio).
+* run B — iterations 0 and 1 are profiled (teraio.torch.Profiler), libteraio
+  analyses the trace and plans offloads (Algorithm 1) for a capacity of half
+  of run A's peak, with the SSD bandwidth measured through the engine; the
+  remaining iterations run under teraio.torch.OffloadRuntime, which moves
+  tensors to files under build/demo/ssd (or --ssd DIR ...) and back.
+
+The model is a Llama-style decoder (teraio.models.llama) trained with AdamW
+from a fixed random initialisation on byte-level tokens of the Python
+standard library's sources (a fixed, sorted file list).  The parent process
+compares the losses bit for bit, writes build/demo/summary.json and
+build/demo/memory.svg, and prints a short report.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import struct
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+TTY = sys.stderr.isatty()
+
+
+def progress(msg: str, final: bool = False) -> None:
+    """A progress line on a terminal; silent when piped."""
+    if TTY:
+        sys.stderr.write("\r\033[K" + msg + ("\n" if final else ""))
+        sys.stderr.flush()
+
+
+def say(msg: str) -> None:
+    if TTY:
+        sys.stderr.write("\r\033[K")
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------- the job ---
+
+def stdlib_corpus(min_bytes: int) -> bytes:
+    """Concatenated sources of the running Python's standard library, in
+    sorted path order, at least `min_bytes` long (all of it if shorter)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py")
+                   if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    buf = bytearray()
+    for p in files:
+        try:
+            buf += p.read_bytes()
+        except OSError:
+            continue
+        if len(buf) >= min_bytes:
+            break
+    if len(buf) < 1 << 20:
+        raise SystemExit(f"teraio demo: standard library at {root} has too little text ({len(buf)} bytes)")
+    return bytes(buf)
+
+
+def setup_process() -> None:
+    """Make memory measurable and results reproducible: large allocations are
+    mmap'ed (so freeing them returns memory to the OS at once, and RSS shows
+    it), fixed thread count, deterministic kernels."""
+    libc = ctypes.CDLL("libc.so.6")
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024)
+    libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+    import torch
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.use_deterministic_algorithms(True)
+
+
+def reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Job:
+    def __init__(self, args):
+        import torch
+        from .models.llama import Llama, LlamaConfig
+        self.torch = torch
+        self.cfg = LlamaConfig(dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                               ffn_dim=args.ffn_dim, max_seq_len=args.seq_len)
+        torch.manual_seed(args.seed)
+        self.model = Llama(self.cfg)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1, foreach=False)
+        need = args.iterations * args.batch * (args.seq_len + 1)
+        data = torch.frombuffer(bytearray(stdlib_corpus(max(8 << 20, need))), dtype=torch.uint8).long()
+        g = torch.Generator().manual_seed(args.seed + 1)
+        starts = torch.randint(0, data.numel() - args.seq_len - 1, (args.iterations, args.batch), generator=g)
+        offs = torch.arange(args.seq_len + 1)
+        self.batches = [data[s[:, None] + offs] for s in starts]
+        self.corpus_bytes = data.numel()
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+
+    def step(self, i: int):
+        """One iteration; returns the loss tensor (read it outside any mode)."""
+        b = self.batches[i]
+        self.opt.zero_grad(set_to_none=False)
+        loss = self.model(b[:, :-1], b[:, 1:])
+        loss.backward()
+        self.opt.step()
+        return loss
+
+
+def loss_bits(x: float) -> str:
+    return struct.pack("<d", x).hex()
+
+
+def run_a(args) -> dict:
+    from .core import Lifetime
+    from .torch import Profiler
+    job = Job(args)
+    prof = Profiler(job.model, job.opt, name="llama-demo")
+    losses, times = [], []
+    rss_reset = False
+    for i in range(args.iterations):
+        progress(f"run A (no offloading): iteration {i + 1}/{args.iterations}")
+        t0 = time.perf_counter()
+        if i == 1:
+            with prof.iteration():
+                loss = job.step(i)
+        else:
+            loss = job.step(i)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        if i == 1:
+            trace = prof.save(os.path.join(args.out, "trace_a.tio"))
+            lt = Lifetime(trace)
+            curve = lt.memory_curve()
+            peak = lt.peak_bytes
+            del loss
+            rss_reset = reset_peak_rss()
+    steady = times[2:]
+    return {"losses": losses, "loss_bits": [loss_bits(x) for x in losses],
+            "iter_time_s": sum(steady) / len(steady), "peak_bytes": peak, "memory_curve": curve,
+            "rss_peak_bytes": peak_rss_bytes(), "rss_peak_reset": rss_reset,
+            "n_params": job.n_params, "corpus_bytes": job.corpus_bytes, "n_kernels": len(curve)}
+
+
+def run_b(args) -> dict:
+    from .core import Engine, Lifetime, Plan
+    from .torch import OffloadRuntime, Profiler
+    job = Job(args)
+    prof = Profiler(job.model, job.opt, name="llama-demo")
+    losses, times = [], []
+    for i in range(2):
+        progress(f"run B: profiling iteration {i + 1}/2")
+        t0 = time.perf_counter()
+        with prof.iteration():
+            loss = job.step(i)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    del loss
+    trace = prof.save(os.path.join(args.out, "trace.tio"))
+    lt = Lifetime(trace)
+    dirs = args.ssd or [os.path.join(args.out, "ssd")]
+    if not args.ssd:
+        os.makedirs(dirs[0], exist_ok=True)
+    engine = Engine(dirs, capacity_bytes=2 * lt.peak_bytes + (64 << 20))
+    progress("run B: measuring SSD bandwidth through the engine")
+    read_gbps, write_gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
+    capacity = args.capacity_bytes
+    progress("run B: planning")
+    plan = Plan.build(trace, lt, capacity, ssd_read_gbps=read_gbps * args.bandwidth_derate,
+                      ssd_write_gbps=write_gbps * args.bandwidth_derate, host_cap_bytes=0)
+    plan.save(os.path.join(args.out, "plan.tio"))
+    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    rss_reset = reset_peak_rss()
+    curve = []
+    for i in range(2, args.iterations):
+        progress(f"run B (offloading to {', '.join(dirs)}): iteration {i + 1}/{args.iterations}")
+        if i == args.iterations - 1:
+            rt.record_curve(curve)
+        t0 = time.perf_counter()
+        with rt.iteration():
+            loss = job.step(i)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        del loss
+    rss_peak = peak_rss_bytes()
+    stats = rt.stats()
+    rt.close()
+    steady = times[3:]
+    return {"losses": losses, "loss_bits": [loss_bits(x) for x in losses],
+            "iter_time_s": sum(steady) / len(steady), "rss_peak_bytes": rss_peak, "rss_peak_reset": rss_reset,
+            "stats": stats, "backend": engine.backend, "backend_reason": engine.backend_reason,
+            "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps, "capacity_bytes": capacity,
+            "peak_bytes": lt.peak_bytes, "planned_curve": plan.planned_curve(), "measured_curve": curve,
+            "plan": {"migrations": plan.n_migrations, "planned_peak_bytes": plan.planned_peak_bytes,
+                     "fits": bool(plan.fits), "bytes_to_ssd": plan.bytes_to_ssd,
+                     "plan_seconds": plan.plan_seconds}, "ssd_dirs": dirs}
+
+
+# ----------------------------------------------------------------- parent ---
+
+def child(role: str, args, extra: list[str]) -> dict:
+    out = os.path.join(args.out, f"run_{role.lower()}.json")
+    cmd = [sys.executable, "-m", "teraio.demo", "--child", role, "--out", args.out,
+           "--iterations", str(args.iterations), *extra]
+    for d in args.ssd or []:
+        cmd += ["--ssd", d]
+    if os.path.exists(out):
+        os.unlink(out)
+    rc = subprocess.call(cmd)
+    if rc != 0 or not os.path.exists(out):
+        raise SystemExit(rc or 1)
+    with open(out) as f:
+        return json.load(f)
+
+
+def mib(x: float) -> str:
+    return f"{x / 2**20:.1f} MiB"
+
+
+def parent(args) -> int:
+    os.makedirs(args.out, exist_ok=True)
+    for d in args.ssd or []:
+        if not os.path.isdir(d):
+            sys.stderr.write(f"teraio demo: ssd directory '{d}' does not exist\n")
+            return 1
+    t0 = time.time()
+    a = child("A", args, [])
+    capacity = int(a["peak_bytes"] * args.capacity_fraction)
+    b = child("B", args, ["--capacity-bytes", str(capacity)])
+    progress("", final=False)
+    n = min(len(a["losses"]), len(b["losses"]))
+    identical = a["loss_bits"][:n] == b["loss_bits"][:n] and n == args.iterations
+    s = b["stats"]
+    summary = {
+        "model": "llama-demo", "n_params": a["n_params"], "corpus_bytes": a["corpus_bytes"],
+        "n_kernels": a["n_kernels"],
+        "peak_bytes_no_offload": a["peak_bytes"],
+        "capacity_bytes": capacity,
+        "planned_peak_bytes": b["plan"]["planned_peak_bytes"],
+        "plan_fits": b["plan"]["fits"],
+        "peak_resident_bytes": s["peak_resident_bytes"],
+        "rss_peak_no_offload_bytes": a["rss_peak_bytes"],
+        "rss_peak_offload_bytes": b["rss_peak_bytes"],
+        "rss_peak_window": "offloaded iterations (peak reset after profiling)"
+        if a["rss_peak_reset"] and b["rss_peak_reset"] else "whole process",
+        "iterations_compared": n,
+        "losses_identical": identical,
+        "losses_no_offload": a["losses"], "losses_offload": b["losses"],
+        "iter_time_no_offload_s": a["iter_time_s"],
+        "iter_time_offload_s": b["iter_time_s"],
+        "bytes_offloaded": s["bytes_offloaded"],
+        "bytes_prefetched": s["bytes_prefetched"],
+        "bytes_fetched_urgent": s["bytes_fetched_urgent"],
+        "stalls": s["stalls"], "stall_time_s": s["stall_ns"] / 1e9,
+        "deadline_wait_s": s["wait_ns"] / 1e9,
+        "offloads_refused": s["offloads_refused"], "diverged": s["diverged"],
+        "backend": b["backend"], "backend_reason": b["backend_reason"],
+        "ssd_dirs": b["ssd_dirs"],
+        "ssd_read_gbps_measured": b["ssd_read_gbps"], "ssd_write_gbps_measured": b["ssd_write_gbps"],
+        "plan_migrations": b["plan"]["migrations"], "plan_seconds": b["plan"]["plan_seconds"],
+        "wall_time_s": time.time() - t0,
+    }
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    from .svg import line_chart
+    to_mib = lambda ys: [y / 2**20 for y in ys]
+    line_chart(os.path.join(args.out, "memory.svg"),
+               "llama-demo: bytes resident per kernel over one iteration", "kernel index", "MiB",
+               [{"label": "no offloading (M)", "y": to_mib(a["memory_curve"])},
+                {"label": "as planned (M')", "y": to_mib(b["planned_curve"])},
+                {"label": "as measured (offloading)", "y": to_mib(b["measured_curve"])},
+                {"label": "capacity", "y": [capacity / 2**20] * len(a["memory_curve"]), "dash": True}])
+    say(f"teraio demo: {a['n_params'] / 1e6:.1f}M-parameter Llama-style model, {n} iterations on "
+        f"{a['corpus_bytes'] / 1e6:.1f} MB of Python stdlib source")
+    say(f"  peak memory without offloading  {mib(a['peak_bytes'])}")
+    say(f"  capacity (x{args.capacity_fraction:g})           {mib(capacity)}")
+    say(f"  peak resident with offloading   {mib(s['peak_resident_bytes'])}"
+        f" (planned {mib(b['plan']['planned_peak_bytes'])})")
+    say(f"  process peak RSS                {mib(a['rss_peak_bytes'])} -> {mib(b['rss_peak_bytes'])}")
+    say(f"  moved per run                   {mib(s['bytes_offloaded'])} offloaded, "
+        f"{mib(s['bytes_prefetched'])} prefetched, {mib(s['bytes_fetched_urgent'])} fetched on demand")
+    say(f"  stalls                          {s['stalls']} ({s['stall_ns'] / 1e9:.3f} s)")
+    say(f"  iteration time                  {a['iter_time_s']:.3f} s -> {b['iter_time_s']:.3f} s "
+        f"(backend {b['backend']}, SSD {b['ssd_write_gbps']:.2f} GB/s write, {b['ssd_read_gbps']:.2f} GB/s read)")
+    say(f"  losses identical                {identical} over {n} iterations "
+        f"(first {a['losses'][0]:.4f}, last {a['losses'][-1]:.4f})")
+    say(f"  wrote {os.path.join(args.out, 'summary.json')} and {os.path.join(args.out, 'memory.svg')}")
+    return 0 if identical else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m teraio.demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="build/demo", help="output directory (default build/demo)")
+    ap.add_argument("--ssd", action="append", metavar="DIR", help="SSD directory (repeat for striping)")
+    ap.add_argument("--iterations", type=int, default=14, help="training iterations per run (>= 4)")
+    ap.add_argument("--capacity-fraction", type=float, default=0.5, help="capacity as a share of run A's peak")
+    ap.add_argument("--bandwidth-derate", type=float, default=0.7,
+                    help="share of the measured SSD bandwidth the planner may book")
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--ffn-dim", type=int, default=1024)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--child", choices=["A", "B"], help=argparse.SUPPRESS)
+    ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.iterations < 4:
+        ap.error("--iterations must be >= 4")
+    if not args.child:
+        return parent(args)
+    setup_process()
+    from ._lib import TeraioError
+    try:
+        result = run_a(args) if args.child == "A" else run_b(args)
+    except TeraioError as e:
+        sys.stderr.write(f"\nteraio demo: {e}\n")
+        return 1
+    with open(os.path.join(args.out, f"run_{args.child.lower()}.json"), "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

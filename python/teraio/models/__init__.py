@@ -1,0 +1,1 @@
+"""Reference models used by the demo and the tests."""

@@ -1,0 +1,105 @@
+"""Stable tensor ids for PyTorch storages, shared by the profiler and the runtime.
+
+A *tensor* in teraio is one storage allocation (views share it).  Ids follow
+DESIGN.md: global tensors first (parameters and buffers in
+``named_parameters``/``named_buffers`` order, then their gradients, then the
+optimizer's state tensors per parameter in sorted key order), then
+intermediate tensors in order of first appearance within the iteration
+(inputs of a kernel before its outputs, in argument order).  The profiler and
+the runtime apply the same rule, so an iteration that repeats the profiled
+kernel sequence sees the same ids.
+
+Storages are held weakly; a finalizer reports a storage's death (its
+StorageImpl is freed: PyTorch preserves the Python storage object while the
+C++ one lives), so an address reused by a later allocation never aliases an
+old id.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Iterator
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+
+def iter_tensors(obj) -> Iterator[torch.Tensor]:
+    """Dense tensors with real storage inside an args/kwargs/result structure."""
+    flat, _ = tree_flatten(obj)
+    for x in flat:
+        if isinstance(x, torch.Tensor) and x.layout == torch.strided:
+            yield x
+
+
+def global_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """(tensor, kind, name) for every global tensor, in id order."""
+    out = []
+    params = list(model.named_parameters())
+    for name, p in params:
+        out.append((p, "parameter", name))
+    for name, b in model.named_buffers():
+        out.append((b, "parameter", name))
+    for name, p in params:
+        if p.grad is not None:
+            out.append((p.grad, "gradient", name + ".grad"))
+    if optimizer is not None:
+        for name, p in params:
+            state = optimizer.state.get(p, {})
+            for key in sorted(state):
+                v = state[key]
+                if isinstance(v, torch.Tensor):
+                    out.append((v, "optimizer_state", f"{name}.{key}"))
+    return out
+
+
+class StorageIds:
+    """Storage -> id map with weak references and death notification."""
+
+    def __init__(self, on_death: Callable[[int, int], None] | None = None):
+        self.by_key: dict[int, int] = {}          # storage key -> id
+        self.storage: dict[int, weakref.ref] = {}  # id -> storage
+        self.key_of: dict[int, int] = {}          # id -> storage key
+        self.bytes: dict[int, int] = {}           # id -> bytes at first sight
+        self.next_id = 0
+        self.n_global = 0
+        self._on_death = on_death
+
+    @staticmethod
+    def key(st) -> int:
+        return st._cdata
+
+    def lookup(self, st) -> int | None:
+        return self.by_key.get(st._cdata)
+
+    def assign(self, st) -> int:
+        """Give `st` the next id."""
+        i = self.next_id
+        self.next_id += 1
+        key = st._cdata
+        self.by_key[key] = i
+        self.storage[i] = weakref.ref(st)
+        self.key_of[i] = key
+        self.bytes[i] = st.nbytes()
+        weakref.finalize(st, self._died, key, i)
+        return i
+
+    def _died(self, key: int, i: int) -> None:
+        if self.by_key.get(key) == i:
+            del self.by_key[key]
+        if self.key_of.get(i) == key:
+            del self.key_of[i]
+            self.storage.pop(i, None)
+            if self._on_death:
+                self._on_death(i, key)
+
+    def start_iteration(self) -> None:
+        """Forget intermediate ids (globals keep theirs); numbering restarts
+        after the globals."""
+        for key, i in list(self.by_key.items()):
+            if i >= self.n_global:
+                del self.by_key[key]
+        self.next_id = self.n_global
+
+    def get(self, i: int):
+        ref = self.storage.get(i)
+        return ref() if ref else None

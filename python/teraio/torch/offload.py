@@ -1,0 +1,190 @@
+"""teraio.torch.OffloadRuntime: execute an offload plan during training.
+
+A TorchDispatchMode reports each aten operator to libteraio's runtime as
+kernel k (``tio_runtime_kernel_begin``), which fires the plan's offloads and
+prefetches for k.  Memory moves only through two callbacks the runtime calls:
+
+* release(t):  ``storage.resize_(0)`` — the bytes are safely on SSD/host;
+               PyTorch's allocator frees the memory.
+* allocate(t): ``storage.resize_(nbytes)`` — PyTorch allocates again; the
+               runtime then reads the bytes back into ``storage.data_ptr()``.
+
+Views, parameters (``nn.Parameter``), gradients, optimizer states and
+autograd's saved activations all keep pointing at the same storage object, so
+they see the restored bytes.  Before an operator runs, any input whose storage
+is released is fetched urgently (``tio_runtime_ensure_resident``: a stall).
+
+If the operator sequence leaves the profiled one, the C runtime says so once
+(log warning) and stops planned migrations; tensors already offloaded are
+fetched on demand, so results stay correct.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import _lib as L
+from ..core import Engine, Plan, Trace
+from ._ids import StorageIds, global_tensors, iter_tensors
+from .profiler import is_kernel
+
+log = logging.getLogger("teraio")
+
+
+@L.LOG_FN
+def _log_cb(ctx, level, msg):
+    text = msg.decode(errors="replace")
+    log.log({0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING}.get(level, logging.ERROR), "%s", text)
+
+
+L.tio_set_log(_log_cb, None, 1)
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, rt: "OffloadRuntime"):
+        super().__init__()
+        self.rt = rt
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not is_kernel(func):
+            return func(*args, **kwargs)
+        rt = self.rt
+        rt._drain_deaths()
+        k = rt.k
+        rt.k += 1
+        if not rt.diverged:
+            rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, str(func).encode()))
+            if rc == 1:
+                rt.diverged = True
+        for t in iter_tensors((args, kwargs)):
+            rt._touch(t.untyped_storage())
+        out = func(*args, **kwargs)
+        if not rt.diverged:
+            for t in iter_tensors(out):
+                st = t.untyped_storage()
+                if rt._ids.lookup(st) is None:
+                    rt._touch(st)
+        if rt._curve is not None:
+            L.tio_runtime_get_stats(rt._p, ctypes.byref(rt._stats))
+            rt._curve.append(rt._stats.resident_bytes)
+        return out
+
+
+class OffloadRuntime:
+    """Runs training iterations under an offload plan.
+
+    ``trace``/``plan`` come from :class:`teraio.torch.Profiler` and
+    ``teraio.core.Plan.build`` (or files); ``engine`` is a
+    :class:`teraio.core.Engine` over the SSD directories.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer, trace: Trace, plan: Plan, engine: Engine | None):
+        self.model, self.optimizer = model, optimizer
+        self.trace, self.plan, self.engine = trace, plan, engine
+        self.k = 0
+        self.diverged = False
+        self._released: set[int] = set()
+        self._deaths: list[tuple[int, int]] = []
+        self._bound: dict[int, int] = {}          # id -> storage key it is bound to
+        self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
+        self._alloc_cb = L.ALLOCATE_FN(self._allocate)
+        self._release_cb = L.RELEASE_FN(self._release)
+        self._cbs = L.RuntimeCallbacks(None, self._alloc_cb, self._release_cb)
+        self._p = ctypes.c_void_p()
+        L.check(L.tio_runtime_create(plan._p, trace._p, engine._p if engine else None,
+                                     ctypes.byref(self._cbs), ctypes.byref(self._p)))
+        for t, _kind, _name in global_tensors(model, optimizer):
+            st = t.untyped_storage()
+            if st.nbytes() and self._ids.lookup(st) is None:
+                self._bind(self._ids.assign(st), st)
+        self._ids.n_global = self._ids.next_id
+        self._mode = _Mode(self)
+        self._curve: list[int] | None = None
+        self._stats = L.RuntimeStats()
+
+    # -- callbacks from the C runtime (run on this thread) --------------------
+    def _allocate(self, ctx, tensor, nbytes, addr):
+        st = self._ids.get(tensor)
+        if st is None:
+            return -2  # -ENOENT: the storage died
+        try:
+            st.resize_(nbytes)
+        except RuntimeError:
+            return -12  # -ENOMEM
+        self._released.discard(tensor)
+        addr[0] = st.data_ptr()
+        return 0
+
+    def _release(self, ctx, tensor):
+        st = self._ids.get(tensor)
+        if st is not None:
+            st.resize_(0)
+        self._released.add(tensor)
+        return 0
+
+    # -- bookkeeping ----------------------------------------------------------
+    def _bind(self, i: int, st) -> None:
+        rc = L.tio_runtime_tensor_bind(self._p, i, st.data_ptr(), st.nbytes())
+        if rc == 0:
+            self._bound[i] = st._cdata
+        # A tensor the plan does not know (size differs, id beyond the trace)
+        # stays untracked: it is never moved.
+
+    def _touch(self, st) -> None:
+        i = self._ids.lookup(st)
+        if i is None:
+            if st.nbytes() == 0 or self.diverged:
+                return
+            i = self._ids.assign(st)
+            self._bind(i, st)
+        elif i in self._bound:
+            # Offloaded, or a prefetch still in flight: wait (a stall).
+            L.check(L.tio_runtime_ensure_resident(self._p, i, None))
+
+    def _drain_deaths(self) -> None:
+        while self._deaths:
+            i, key = self._deaths.pop()
+            if self._bound.get(i) == key:
+                del self._bound[i]
+                self._released.discard(i)
+                L.check(L.tio_runtime_tensor_unbind(self._p, i))
+
+    # -- public ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def iteration(self):
+        """Run one training iteration with the plan applied."""
+        self._drain_deaths()
+        self._ids.start_iteration()
+        self.k = 0
+        L.check(L.tio_runtime_iteration_begin(self._p))
+        try:
+            with self._mode:
+                yield self
+        finally:
+            self._curve = None
+        self._drain_deaths()
+
+    def record_curve(self, curve: list[int]) -> None:
+        """Append the resident bytes after each kernel of the next iteration to `curve`."""
+        self._curve = curve
+
+    def fetch_all(self) -> None:
+        """Bring every offloaded tensor back (before checkpointing or eval)."""
+        L.check(L.tio_runtime_fetch_all(self._p))
+
+    def stats(self) -> dict:
+        s = L.RuntimeStats()
+        L.tio_runtime_get_stats(self._p, ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in L.RuntimeStats._fields_}
+
+    def close(self) -> None:
+        if getattr(self, "_p", None):
+            self.fetch_all()
+            L.tio_runtime_destroy(self._p)
+            self._p = None

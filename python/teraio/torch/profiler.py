@@ -1,0 +1,128 @@
+"""teraio.torch.Profiler: record one training iteration as a teraio trace.
+
+A TorchDispatchMode sees every aten operator of the eager program — forward,
+backward (autograd runs its kernels on the calling thread with the mode
+active) and the optimizer step.  For each operator (a *kernel*) it records the
+tensors (storages) it reads and writes and its measured wall time.  Saved-
+tensor hooks mark which intermediate tensors autograd keeps for the backward
+pass (activations); other intermediates are temporaries.
+
+Usage::
+
+    prof = Profiler(model, optimizer)
+    for step in range(2):
+        with prof.iteration():
+            train_step()
+    prof.save("build/trace.tio")        # the last profiled iteration
+
+The trace is built and written by libteraio (docs/formats.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..core import READ, WRITE, Trace
+from ._ids import StorageIds, global_tensors, iter_tensors
+
+# Operators that are bookkeeping, not kernels.
+SKIP_NAMESPACES = ("profiler.",)
+
+
+def is_kernel(func) -> bool:
+    return not str(func).startswith(SKIP_NAMESPACES)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, prof: "Profiler"):
+        super().__init__()
+        self.prof = prof
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not is_kernel(func):
+            return func(*args, **kwargs)
+        p = self.prof
+        acc: dict[int, int] = {}
+        for t in iter_tensors((args, kwargs)):
+            i = p._id_of(t.untyped_storage())
+            if i is not None:
+                acc[i] = acc.get(i, 0) | READ
+        t0 = time.perf_counter_ns()
+        out = func(*args, **kwargs)
+        dur = time.perf_counter_ns() - t0
+        for t in iter_tensors(out):
+            i = p._id_of(t.untyped_storage())
+            if i is not None:
+                acc[i] = acc.get(i, 0) | WRITE
+        p._kernels.append((str(func), dur, list(acc.items())))
+        return out
+
+
+class Profiler:
+    """Records iterations of a training loop; keeps the last one as the trace."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 name: str | None = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.name = name or type(model).__name__
+        self.iterations = 0
+        self._kernels: list = []
+        self._tensors: list = []
+        self._saved: set[int] = set()
+        self._ids: StorageIds | None = None
+
+    def _id_of(self, st) -> int | None:
+        if st.nbytes() == 0:
+            return None
+        i = self._ids.lookup(st)
+        if i is None:
+            i = self._ids.assign(st)
+            self._tensors.append([st.nbytes(), "temporary", False, None])
+        return i
+
+    def _pack(self, t: torch.Tensor):
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            i = self._ids.lookup(t.untyped_storage())
+            if i is not None:
+                self._saved.add(i)
+        return t
+
+    @contextlib.contextmanager
+    def iteration(self):
+        """Profile one iteration (forward, backward, optimizer step)."""
+        self._ids = StorageIds()
+        self._kernels, self._tensors, self._saved = [], [], set()
+        for t, kind, name in global_tensors(self.model, self.optimizer):
+            st = t.untyped_storage()
+            if st.nbytes() == 0 or self._ids.lookup(st) is not None:
+                continue
+            self._ids.assign(st)
+            self._tensors.append([st.nbytes(), kind, True, name])
+        self._ids.n_global = self._ids.next_id
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            with _Recorder(self):
+                yield self
+        for i in self._saved:
+            if not self._tensors[i][2]:
+                self._tensors[i][1] = "activation"
+        self.iterations += 1
+
+    @property
+    def n_kernels(self) -> int:
+        return len(self._kernels)
+
+    def trace(self) -> Trace:
+        """The last profiled iteration as a libteraio trace."""
+        if not self._kernels:
+            raise RuntimeError("Profiler: no iteration recorded yet")
+        return Trace.build(self.name, [tuple(t) for t in self._tensors], self._kernels)
+
+    def save(self, path: str) -> Trace:
+        tr = self.trace()
+        tr.save(path)
+        return tr
