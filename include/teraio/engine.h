@@ -3,11 +3,11 @@
  *
  * The engine moves bytes between addresses and files; it knows nothing of
  * tensors or plans.  Each SSD directory gets one preallocated backing file
- * (`teraio.<pid>.data`, removed on destroy).  Space is handed out as
- * extents in one logical address space that is striped across the
- * directories in `stripe_bytes` units (logical offset o lives in directory
- * (o / stripe) % n_dirs at file offset (o / (stripe * n_dirs)) * stripe +
- * o % stripe).  Extents are 4 KiB-aligned; requests of any length (not only
+ * (`teraio.<pid>.<engine>.<dir>.data`, unique per engine, removed on
+ * destroy).  Space is handed out as extents in one logical address space
+ * that is striped across the directories in `stripe_bytes` units (logical
+ * offset o lives in directory (o / stripe) % n_dirs at file offset
+ * (o / (stripe * n_dirs)) * stripe + o % stripe).  Extents are 4 KiB-aligned; requests of any length (not only
  * multiples of 4 KiB) and any buffer alignment are accepted: unaligned parts
  * go through aligned bounce buffers.
  *
@@ -15,6 +15,17 @@
  * each directory: io_uring with O_DIRECT; else a thread pool of
  * pread/pwrite (O_DIRECT where the file system allows it, buffered I/O
  * otherwise).  tio_engine_backend() says which and why.
+ *
+ * Environment (read by tio_engine_create):
+ *   TIO_ENGINE_BACKEND=auto|io_uring|psync  overrides options.backend, e.g.
+ *       for systems whose seccomp filter breaks io_uring in odd ways.
+ *   TIO_ENGINE_FAULT=<eio|enospc|short>:<read|write>:<N>  fault injection for
+ *       tests, inert unless set: the N-th chunk (1-based, counted per engine
+ *       in submission order; a chunk is one piece of a request, at most
+ *       request_bytes, within one stripe unit) of that kind fails with -EIO
+ *       or -ENOSPC without touching the disk, or ("short") reports half its
+ *       bytes transferred, which the retry logic must then complete.
+ *   An invalid value of either makes create fail with -EINVAL.
  *
  * Every completion's length is checked; short transfers are resubmitted for
  * the rest; EINTR/EAGAIN are retried; any other error completes the request
@@ -45,12 +56,15 @@ typedef struct {
     uint32_t n_dirs;          /* >= 1 */
     uint64_t capacity_bytes;  /* total space to preallocate, split over dirs */
     uint32_t stripe_bytes;    /* striping unit, multiple of 4 KiB; default 1 MiB */
-    uint32_t queue_depth;     /* in-flight requests per directory; default 32 */
-    uint32_t request_bytes;   /* max bytes per I/O request; default 1 MiB */
+    uint32_t queue_depth;     /* in-flight requests per directory, <= 4096;
+                                 default 32 */
+    uint32_t request_bytes;   /* max bytes per I/O request, multiple of 4 KiB
+                                 up to 1 GiB; default 1 MiB */
     tio_backend backend;      /* default AUTO */
 } tio_engine_options;
 
-/* Defaults for everything except dirs/n_dirs/capacity_bytes. */
+/* Defaults for everything except dirs/n_dirs/capacity_bytes.  create also
+ * treats 0 in stripe_bytes, queue_depth or request_bytes as the default. */
 TIO_API void tio_engine_options_default(tio_engine_options *opt);
 
 typedef struct tio_engine tio_engine;
@@ -62,30 +76,41 @@ typedef struct {
 } tio_extent;
 
 /* Create the engine: check each directory, create and preallocate the
- * backing files, probe the backend.
+ * backing files, probe the backend.  `opt->dirs` is copied: it need not
+ * outlive the call.  The logical space is capacity_bytes rounded up to
+ * 4 KiB.
  * Returns 0; -ENOENT / -ENOTDIR / -EACCES (a directory missing or not
  * writable: message names it); -ENOSPC (cannot preallocate); -EPROTONOSUPPORT
  * (backend IO_URING forced but refused); -EINVAL; -ENOMEM. */
 TIO_API int tio_engine_create(const tio_engine_options *opt, tio_engine **out);
 
-/* Wait for in-flight requests, close and delete the backing files. */
+/* Wait for in-flight requests, close and delete the backing files.
+ * Completions not reaped are dropped.  NULL is a no-op. */
 TIO_API void tio_engine_destroy(tio_engine *engine);
 
 /* The backend in use and, if it is not the preferred one, why
- * (e.g. "psync: io_uring_queue_init: Operation not permitted"). */
+ * (e.g. "psync: io_uring_queue_init: Operation not permitted"; with
+ * "buffered I/O: O_DIRECT refused by <dir>" appended, "; "-separated, when
+ * a file system refused O_DIRECT).  The reason is "" for io_uring with
+ * O_DIRECT everywhere; never NULL, owned by the engine. */
 TIO_API tio_backend tio_engine_backend(const tio_engine *engine);
 TIO_API const char *tio_engine_backend_reason(const tio_engine *engine);
 TIO_API const char *tio_backend_name(tio_backend backend);
 
-/* Reserve space for `bytes` (rounded up to 4 KiB).  Returns 0, -ENOSPC. */
+/* Reserve space for `bytes` (rounded up to 4 KiB), first fit.
+ * Returns 0, -ENOSPC (no free range that large), -EINVAL (bytes == 0),
+ * -ENOMEM.  Not thread-safe (the engine's one caller thread). */
 TIO_API int tio_engine_alloc(tio_engine *engine, uint64_t bytes, tio_extent *out);
-/* Return an extent's space.  Returns 0 or -EINVAL (not allocated). */
+/* Return an extent's space (the extent exactly as alloc gave it); adjacent
+ * free ranges are merged.  Returns 0 or -EINVAL (not allocated). */
 TIO_API int tio_engine_free(tio_engine *engine, const tio_extent *extent);
 
 /* Queue a write of `bytes` (<= extent->bytes) from `buf` into the extent, or
  * a read into `buf`.  `buf` must stay valid until the request completes.
- * `tag` is returned in the completion.  Returns 0 or -EINVAL, -ENOMEM.
- * Urgent requests are served before queued non-urgent ones. */
+ * `tag` is returned in the completion.  Returns 0 or -EINVAL (extent outside
+ * the space, bytes > extent->bytes), -ENOMEM.  bytes == 0 completes at once.
+ * Urgent requests are served before queued non-urgent ones (those not yet
+ * handed to the kernel or a worker thread). */
 TIO_API int tio_engine_submit_write(tio_engine *engine, const tio_extent *extent,
                                     const void *buf, uint64_t bytes, uint64_t tag, bool urgent);
 TIO_API int tio_engine_submit_read(tio_engine *engine, const tio_extent *extent,
@@ -98,22 +123,33 @@ typedef struct {
 } tio_completion;
 
 /* Collect finished requests: waits until at least `min_complete` are
- * available (0: don't wait), stores up to `max` in `out`.
- * Returns the number stored (>= 0) or a negative error. */
+ * available (0: don't wait), stores up to `max` in `out`, oldest first.
+ * Returns the number stored (>= 0), or -EINVAL when min_complete > max or
+ * min_complete > tio_engine_in_flight() (it would wait forever).  If a
+ * stored completion failed, tio_last_error() holds the first one's message. */
 TIO_API int tio_engine_reap(tio_engine *engine, tio_completion *out, uint32_t max,
                             uint32_t min_complete);
+
+/* Message of a failed completion with this tag returned by the most recent
+ * tio_engine_reap, e.g. "write to '/ssd/teraio.12.0.0.data' at offset 1048576
+ * (4096 bytes): Input/output error"; "" if there is none.  Valid until the
+ * next reap. */
+TIO_API const char *tio_engine_completion_error(const tio_engine *engine, uint64_t tag);
 
 /* Requests submitted and not yet reaped. */
 TIO_API uint32_t tio_engine_in_flight(const tio_engine *engine);
 
 /* Synchronous helpers: submit one request and wait for it (other requests'
- * completions that arrive meanwhile stay queued for tio_engine_reap). */
+ * completions that arrive meanwhile stay queued for tio_engine_reap).
+ * Return 0, a submit error, or the request's -errno (message in
+ * tio_last_error()). */
 TIO_API int tio_engine_write(tio_engine *engine, const tio_extent *extent, const void *buf,
                              uint64_t bytes);
 TIO_API int tio_engine_read(tio_engine *engine, const tio_extent *extent, void *buf,
                             uint64_t bytes);
 
-/* Path of directory i's backing file (for tests and tools). */
+/* Path of directory i's backing file (for tests and tools); NULL if
+ * dir >= n_dirs. */
 TIO_API const char *tio_engine_backing_path(const tio_engine *engine, uint32_t dir);
 
 #ifdef __cplusplus

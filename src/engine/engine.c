@@ -1,0 +1,798 @@
+/*
+ * engine/engine.c — the engine's front end: creating the backing files,
+ * choosing a backend, cutting requests into chunks, and handing completions
+ * back to the caller.
+ *
+ * The caller's thread builds each request's chunks and appends them to the
+ * pending queues of their directories; the backend's threads do the I/O and
+ * call tio_chunk_finish, which moves a request to the completed list when its
+ * last chunk is done.  tio_engine_reap and the synchronous helpers only ever
+ * take requests off that list, so a synchronous call never swallows another
+ * request's completion.  The bounce buffer pool, the chunk bookkeeping that
+ * both backends share (prepare / account / finish) and the environment
+ * switches (TIO_ENGINE_BACKEND, TIO_ENGINE_FAULT) live here too.
+ */
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include "engine/engine_internal.h"
+
+#define MIB (1024u * 1024u)
+
+static atomic_uint engine_seq;
+
+void tio_engine_options_default(tio_engine_options *opt)
+{
+    memset(opt, 0, sizeof *opt);
+    opt->stripe_bytes = MIB;
+    opt->queue_depth = 32;
+    opt->request_bytes = MIB;
+    opt->backend = TIO_BACKEND_AUTO;
+}
+
+const char *tio_backend_name(tio_backend backend)
+{
+    switch (backend) {
+    case TIO_BACKEND_AUTO: return "auto";
+    case TIO_BACKEND_IO_URING: return "io_uring";
+    case TIO_BACKEND_PSYNC: return "psync";
+    }
+    return "unknown";
+}
+
+tio_backend tio_engine_backend(const tio_engine *engine) { return engine->backend; }
+
+const char *tio_engine_backend_reason(const tio_engine *engine) { return engine->reason; }
+
+const char *tio_engine_backing_path(const tio_engine *engine, uint32_t dir)
+{
+    return dir < engine->n_dirs ? engine->dirs[dir].file : NULL;
+}
+
+uint32_t tio_engine_in_flight(const tio_engine *engine) { return engine->in_flight; }
+
+static void append_reason(tio_engine *e, const char *text)
+{
+    size_t n = strlen(e->reason);
+    snprintf(e->reason + n, sizeof e->reason - n, "%s%s", n ? "; " : "", text);
+}
+
+/* ---- options and environment ------------------------------------------ */
+
+static int check_options(const tio_engine_options *in, tio_engine_options *opt)
+{
+    if (!in || !in->dirs || in->n_dirs == 0)
+        return tio_fail(-EINVAL, "engine: at least one ssd directory is required");
+    if (in->capacity_bytes == 0)
+        return tio_fail(-EINVAL, "engine: capacity_bytes must be > 0");
+    *opt = *in;
+    if (opt->stripe_bytes == 0)
+        opt->stripe_bytes = MIB;
+    if (opt->queue_depth == 0)
+        opt->queue_depth = 32;
+    if (opt->request_bytes == 0)
+        opt->request_bytes = MIB;
+    if (opt->stripe_bytes % TIO_EXTENT_ALIGN)
+        return tio_fail(-EINVAL, "engine: stripe_bytes %u is not a multiple of 4096",
+                        opt->stripe_bytes);
+    if (opt->request_bytes % TIO_EXTENT_ALIGN || opt->request_bytes > (1u << 30))
+        return tio_fail(-EINVAL, "engine: request_bytes %u is not a multiple of 4096 up to 1 GiB",
+                        opt->request_bytes);
+    if (opt->queue_depth > 4096)
+        return tio_fail(-EINVAL, "engine: queue_depth %u exceeds 4096", opt->queue_depth);
+    if (opt->backend > TIO_BACKEND_PSYNC)
+        return tio_fail(-EINVAL, "engine: unknown backend %d", (int)opt->backend);
+    for (uint32_t i = 0; i < opt->n_dirs; i++)
+        if (!opt->dirs[i] || !opt->dirs[i][0])
+            return tio_fail(-EINVAL, "engine: ssd directory %u is empty", i);
+    return 0;
+}
+
+/* TIO_ENGINE_BACKEND=auto|io_uring|psync overrides opt->backend. */
+static int apply_backend_env(tio_engine *e, bool *forced_by_env)
+{
+    const char *v = getenv("TIO_ENGINE_BACKEND");
+    *forced_by_env = false;
+    if (!v || !v[0])
+        return 0;
+    if (strcmp(v, "auto") == 0)
+        e->opt.backend = TIO_BACKEND_AUTO;
+    else if (strcmp(v, "io_uring") == 0)
+        e->opt.backend = TIO_BACKEND_IO_URING;
+    else if (strcmp(v, "psync") == 0)
+        e->opt.backend = TIO_BACKEND_PSYNC;
+    else
+        return tio_fail(-EINVAL, "TIO_ENGINE_BACKEND='%s': expected auto, io_uring or psync", v);
+    *forced_by_env = true;
+    return 0;
+}
+
+/* TIO_ENGINE_FAULT="<eio|enospc|short>:<read|write>:<N>". */
+static int parse_fault_env(tio_engine *e)
+{
+    const char *v = getenv("TIO_ENGINE_FAULT");
+    if (!v || !v[0])
+        return 0;
+    char kind[16], op[16];
+    unsigned long long nth;
+    char extra;
+    if (sscanf(v, "%15[a-z]:%15[a-z]:%llu%c", kind, op, &nth, &extra) != 3 || nth == 0)
+        goto bad;
+    if (strcmp(kind, "eio") == 0)
+        e->fault_kind = TIO_FAULT_EIO;
+    else if (strcmp(kind, "enospc") == 0)
+        e->fault_kind = TIO_FAULT_ENOSPC;
+    else if (strcmp(kind, "short") == 0)
+        e->fault_kind = TIO_FAULT_SHORT;
+    else
+        goto bad;
+    if (strcmp(op, "read") == 0)
+        e->fault_op = TIO_OP_READ;
+    else if (strcmp(op, "write") == 0)
+        e->fault_op = TIO_OP_WRITE;
+    else
+        goto bad;
+    e->fault_nth = nth;
+    tio_log(TIO_LOG_WARN, "engine: fault injection armed: %s", v);
+    return 0;
+bad:
+    e->fault_kind = TIO_FAULT_NONE;
+    return tio_fail(-EINVAL, "TIO_ENGINE_FAULT='%s': expected <eio|enospc|short>:<read|write>:<N>"
+                    " with N >= 1", v);
+}
+
+/* ---- directories and backing files ------------------------------------ */
+
+static int check_dir(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        if (err == ENOENT)
+            return tio_fail(-ENOENT, "ssd directory '%s' does not exist", path);
+        if (err == ENOTDIR)
+            return tio_fail(-ENOTDIR, "ssd directory '%s': a component of the path is not a "
+                            "directory", path);
+        return tio_fail(-err, "ssd directory '%s': %s", path, strerror(err));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return tio_fail(-ENOTDIR, "ssd directory '%s' is not a directory", path);
+    if (access(path, W_OK | X_OK) != 0)
+        return tio_fail(-EACCES, "ssd directory '%s' is not writable", path);
+    return 0;
+}
+
+/* Write a 4 KiB pattern at offset 0 and read it back through `fd`.
+ * Returns 0 or -errno. */
+static int probe_pio(int fd)
+{
+    void *buf;
+    if (posix_memalign(&buf, TIO_EXTENT_ALIGN, 2 * TIO_EXTENT_ALIGN) != 0)
+        return -ENOMEM;
+    unsigned char *w = buf, *r = w + TIO_EXTENT_ALIGN;
+    for (uint32_t i = 0; i < TIO_EXTENT_ALIGN; i++)
+        w[i] = (unsigned char)(i * 7u + 1u);
+    int rc = 0;
+    ssize_t n = pwrite(fd, w, TIO_EXTENT_ALIGN, 0);
+    if (n != (ssize_t)TIO_EXTENT_ALIGN)
+        rc = n < 0 ? -errno : -EIO;
+    if (!rc) {
+        n = pread(fd, r, TIO_EXTENT_ALIGN, 0);
+        if (n != (ssize_t)TIO_EXTENT_ALIGN)
+            rc = n < 0 ? -errno : -EIO;
+        else if (memcmp(w, r, TIO_EXTENT_ALIGN) != 0)
+            rc = -EIO;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Create dir->file (a fresh unique name), preallocate it and probe it with
+ * a real aligned write and read, falling back to buffered I/O when the file
+ * system refuses O_DIRECT. */
+static int open_backing_file(tio_engine *e, tio_dir *d, unsigned seq)
+{
+    size_t len = strlen(d->path) + 64;
+    d->file = malloc(len);
+    if (!d->file)
+        return tio_fail(-ENOMEM, "engine: out of memory");
+    snprintf(d->file, len, "%s/teraio.%ld.%u.%u.data", d->path, (long)getpid(), seq, d->index);
+    int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+    d->fd = open(d->file, flags | O_DIRECT, 0600);
+    d->direct = true;
+    if (d->fd < 0 && errno == EINVAL) {
+        d->fd = open(d->file, flags, 0600);
+        d->direct = false;
+    }
+    if (d->fd < 0) {
+        int err = errno;
+        return tio_fail(-err, "cannot create backing file '%s': %s", d->file, strerror(err));
+    }
+    d->created = true;
+    if (fallocate(d->fd, 0, 0, (off_t)d->file_bytes) != 0) {
+        int err = errno;
+        if (err == EOPNOTSUPP) {
+            if (ftruncate(d->fd, (off_t)d->file_bytes) != 0)
+                err = errno;
+            else
+                err = 0;
+        }
+        if (err)
+            return tio_fail(-err, "cannot preallocate %llu bytes for '%s': %s",
+                            (unsigned long long)d->file_bytes, d->file, strerror(err));
+    }
+    int rc = probe_pio(d->fd);
+    if (rc == -EINVAL && d->direct) {
+        close(d->fd);
+        d->fd = open(d->file, O_RDWR | O_CLOEXEC);
+        d->direct = false;
+        if (d->fd < 0) {
+            int err = errno;
+            return tio_fail(-err, "cannot reopen backing file '%s': %s", d->file, strerror(err));
+        }
+        rc = probe_pio(d->fd);
+    }
+    if (rc)
+        return tio_fail(rc, "probe write/read of 4096 bytes in '%s' failed: %s", d->file,
+                        tio_strerror(rc));
+    if (!d->direct) {
+        char text[300];
+        snprintf(text, sizeof text, "buffered I/O: O_DIRECT refused by %s", d->path);
+        append_reason(e, text);
+    }
+    return 0;
+}
+
+/* ---- create / destroy ------------------------------------------------- */
+
+static int start_backend(tio_engine *e, bool forced_by_env)
+{
+    char why[384] = "";
+    int rc;
+    switch (e->opt.backend) {
+    case TIO_BACKEND_IO_URING:
+        rc = tio_uring_start(e, why, sizeof why);
+        if (rc)
+            return tio_fail(-EPROTONOSUPPORT, "engine: io_uring backend refused: %s", why);
+        e->backend = TIO_BACKEND_IO_URING;
+        return 0;
+    case TIO_BACKEND_AUTO:
+        if (tio_uring_start(e, why, sizeof why) == 0) {
+            e->backend = TIO_BACKEND_IO_URING;
+            return 0;
+        }
+        break;
+    case TIO_BACKEND_PSYNC:
+        snprintf(why, sizeof why, "%s", forced_by_env ? "forced by TIO_ENGINE_BACKEND"
+                                                      : "requested in options");
+        break;
+    }
+    char fallback[512];
+    snprintf(fallback, sizeof fallback, "psync: %s", why);
+    char kept[sizeof e->reason];
+    memcpy(kept, e->reason, sizeof kept);
+    e->reason[0] = '\0';
+    append_reason(e, fallback);
+    if (kept[0])
+        append_reason(e, kept);
+    rc = tio_psync_start(e, why, sizeof why);
+    if (rc)
+        return tio_fail(rc, "engine: psync backend failed to start: %s", why);
+    e->backend = TIO_BACKEND_PSYNC;
+    return 0;
+}
+
+static void free_engine(tio_engine *e)
+{
+    for (uint32_t i = 0; i < e->n_dirs; i++) {
+        tio_dir *d = &e->dirs[i];
+        if (d->fd >= 0)
+            close(d->fd);
+        if (d->created)
+            unlink(d->file);
+        free(d->file);
+        free(d->path);
+        pthread_mutex_destroy(&d->mu);
+        pthread_cond_destroy(&d->cv);
+    }
+    free(e->dirs);
+    for (uint32_t i = 0; i < e->n_pool; i++)
+        free(e->pool[i]);
+    free(e->pool);
+    free(e->errs);
+    tio_extent_map_fini(&e->map);
+    pthread_mutex_destroy(&e->pool_mu);
+    pthread_mutex_destroy(&e->done_mu);
+    pthread_cond_destroy(&e->done_cv);
+    free(e);
+}
+
+int tio_engine_create(const tio_engine_options *opt, tio_engine **out)
+{
+    *out = NULL;
+    tio_engine_options o;
+    int rc = check_options(opt, &o);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < o.n_dirs; i++)
+        if ((rc = check_dir(o.dirs[i])) != 0)
+            return rc;
+
+    tio_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return tio_fail(-ENOMEM, "engine: out of memory");
+    e->opt = o;
+    pthread_mutex_init(&e->pool_mu, NULL);
+    pthread_mutex_init(&e->done_mu, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
+    e->bounce_bytes = o.request_bytes < o.stripe_bytes ? o.request_bytes : o.stripe_bytes;
+    e->opt.dirs = NULL; /* the caller's array need not outlive create */
+
+    bool forced_by_env;
+    if ((rc = apply_backend_env(e, &forced_by_env)) != 0 || (rc = parse_fault_env(e)) != 0)
+        goto fail;
+    uint64_t capacity = (o.capacity_bytes + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1);
+    if ((rc = tio_extent_map_init(&e->map, capacity)) != 0)
+        goto fail;
+
+    /* Stripe unit u (of `units`) lives in directory u % n_dirs; every
+     * directory gets room for ceil(units / n_dirs) units. */
+    uint64_t units = (capacity + o.stripe_bytes - 1) / o.stripe_bytes;
+    uint64_t file_bytes = (units + o.n_dirs - 1) / o.n_dirs * o.stripe_bytes;
+    e->dirs = calloc(o.n_dirs, sizeof *e->dirs);
+    if (!e->dirs) {
+        rc = tio_fail(-ENOMEM, "engine: out of memory");
+        goto fail;
+    }
+    unsigned seq = atomic_fetch_add(&engine_seq, 1);
+    for (uint32_t i = 0; i < o.n_dirs; i++) {
+        tio_dir *d = &e->dirs[i];
+        d->engine = e;
+        d->index = i;
+        d->fd = -1;
+        d->file_bytes = file_bytes;
+        pthread_mutex_init(&d->mu, NULL);
+        pthread_cond_init(&d->cv, NULL);
+        e->n_dirs = i + 1;
+        d->path = strdup(o.dirs[i]);
+        if (!d->path) {
+            rc = tio_fail(-ENOMEM, "engine: out of memory");
+            goto fail;
+        }
+        if ((rc = open_backing_file(e, d, seq)) != 0)
+            goto fail;
+    }
+    if ((rc = start_backend(e, forced_by_env)) != 0)
+        goto fail;
+    tio_log(TIO_LOG_INFO, "engine: %u dir(s), %llu bytes, backend %s%s%s", e->n_dirs,
+            (unsigned long long)capacity, tio_backend_name(e->backend), e->reason[0] ? ": " : "",
+            e->reason);
+    *out = e;
+    return 0;
+fail:
+    free_engine(e);
+    return rc;
+}
+
+void tio_engine_destroy(tio_engine *engine)
+{
+    if (!engine)
+        return;
+    pthread_mutex_lock(&engine->done_mu);
+    while (engine->n_unfinished > 0)
+        pthread_cond_wait(&engine->done_cv, &engine->done_mu);
+    tio_req *r = engine->done_head;
+    engine->done_head = engine->done_tail = NULL;
+    pthread_mutex_unlock(&engine->done_mu);
+    while (r) {
+        tio_req *next = r->next;
+        free(r);
+        r = next;
+    }
+    if (engine->backend == TIO_BACKEND_IO_URING)
+        tio_uring_stop(engine);
+    else
+        tio_psync_stop(engine);
+    free_engine(engine);
+}
+
+/* ---- extents ---------------------------------------------------------- */
+
+int tio_engine_alloc(tio_engine *engine, uint64_t bytes, tio_extent *out)
+{
+    return tio_extent_map_alloc(&engine->map, bytes, out);
+}
+
+int tio_engine_free(tio_engine *engine, const tio_extent *extent)
+{
+    return tio_extent_map_free(&engine->map, extent);
+}
+
+/* ---- bounce buffers and chunk bookkeeping ----------------------------- */
+
+static void *bounce_get(tio_engine *e)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&e->pool_mu);
+    if (e->n_pool > 0)
+        p = e->pool[--e->n_pool];
+    pthread_mutex_unlock(&e->pool_mu);
+    if (!p && posix_memalign(&p, TIO_EXTENT_ALIGN, e->bounce_bytes) != 0)
+        p = NULL;
+    return p;
+}
+
+static void bounce_put(tio_engine *e, void *p)
+{
+    uint32_t keep = e->n_dirs * e->opt.queue_depth;
+    pthread_mutex_lock(&e->pool_mu);
+    if (e->n_pool < keep && tio_grow((void **)&e->pool, &e->cap_pool, e->n_pool + 1,
+                                     sizeof *e->pool) == 0) {
+        e->pool[e->n_pool++] = p;
+        p = NULL;
+    }
+    pthread_mutex_unlock(&e->pool_mu);
+    free(p);
+}
+
+int tio_chunk_prepare(tio_engine *engine, tio_chunk *c)
+{
+    if (c->io_ptr)
+        return 0;
+    if (c->io_len == c->user_len && ((uintptr_t)c->user_ptr % TIO_EXTENT_ALIGN) == 0) {
+        c->io_ptr = c->user_ptr;
+        return 0;
+    }
+    c->bounce = bounce_get(engine);
+    if (!c->bounce)
+        return -ENOMEM;
+    if (c->op == TIO_OP_WRITE) {
+        memcpy(c->bounce, c->user_ptr, c->user_len);
+        memset(c->bounce + c->user_len, 0, c->io_len - c->user_len);
+    }
+    c->io_ptr = c->bounce;
+    return 0;
+}
+
+int tio_chunk_account(tio_chunk *c, int64_t res, int *err)
+{
+    uint8_t fault = c->fault;
+    c->fault = TIO_FAULT_NONE;
+    if (fault == TIO_FAULT_EIO)
+        res = -EIO;
+    else if (fault == TIO_FAULT_ENOSPC)
+        res = -ENOSPC;
+    else if (fault == TIO_FAULT_SHORT && res > 0)
+        res = (res + 1) / 2;
+
+    if (res == -EINTR || res == -EAGAIN) {
+        if (++c->retries > TIO_CHUNK_MAX_RETRIES) {
+            *err = (int)res;
+            return TIO_CHUNK_FAILED;
+        }
+        return TIO_CHUNK_RETRY;
+    }
+    if (res < 0) {
+        *err = (int)res;
+        return TIO_CHUNK_FAILED;
+    }
+    if (res == 0) {
+        *err = -EIO; /* the file is preallocated: no end of file inside it */
+        return TIO_CHUNK_FAILED;
+    }
+    c->done += (uint32_t)res;
+    if (c->done >= c->io_len)
+        return TIO_CHUNK_DONE;
+    /* Short transfer: continue with the rest.  O_DIRECT needs an aligned
+     * offset, so restart from the last 4 KiB boundary; moving the same bytes
+     * to the same place again is harmless. */
+    if (c->dir->direct)
+        c->done &= ~(TIO_EXTENT_ALIGN - 1);
+    if (++c->retries > TIO_CHUNK_MAX_RETRIES) {
+        *err = -EIO;
+        return TIO_CHUNK_FAILED;
+    }
+    return TIO_CHUNK_RETRY;
+}
+
+void tio_chunk_finish(tio_engine *e, tio_chunk *c, int err)
+{
+    if (!err && c->op == TIO_OP_READ && c->bounce)
+        memcpy(c->user_ptr, c->bounce, c->user_len);
+    if (c->bounce) {
+        bounce_put(e, c->bounce);
+        c->bounce = NULL;
+    }
+    char msg[sizeof c->req->msg];
+    if (err)
+        snprintf(msg, sizeof msg, "%s '%s' at offset %llu (%u bytes): %s",
+                 c->op == TIO_OP_WRITE ? "write to" : "read from", c->dir->file,
+                 (unsigned long long)(c->file_off + c->done), c->io_len - c->done,
+                 tio_strerror(err));
+    tio_req *r = c->req;
+    pthread_mutex_lock(&e->done_mu);
+    if (err && r->result == 0) {
+        r->result = err;
+        memcpy(r->msg, msg, sizeof msg);
+    }
+    if (--r->chunks_left == 0) {
+        r->finished = true;
+        r->next = NULL;
+        if (e->done_tail)
+            e->done_tail->next = r;
+        else
+            e->done_head = r;
+        e->done_tail = r;
+        if (!r->sync)
+            e->n_done++;
+        e->n_unfinished--;
+        pthread_cond_broadcast(&e->done_cv);
+    }
+    pthread_mutex_unlock(&e->done_mu);
+}
+
+tio_chunk *tio_dir_pop(tio_dir *d)
+{
+    for (int k = 0; k < TIO_N_CLASSES; k++) {
+        tio_chunk *c = d->head[k];
+        if (c) {
+            d->head[k] = c->next;
+            if (!d->head[k])
+                d->tail[k] = NULL;
+            c->next = NULL;
+            return c;
+        }
+    }
+    return NULL;
+}
+
+void tio_dir_push_front(tio_dir *d, tio_chunk *c)
+{
+    c->next = d->head[TIO_CLASS_URGENT];
+    d->head[TIO_CLASS_URGENT] = c;
+    if (!d->tail[TIO_CLASS_URGENT])
+        d->tail[TIO_CLASS_URGENT] = c;
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+static int check_request(const tio_engine *e, const tio_extent *x, const void *buf, uint64_t bytes)
+{
+    if (!x || (!buf && bytes))
+        return tio_fail(-EINVAL, "engine: NULL extent or buffer");
+    if (x->offset % TIO_EXTENT_ALIGN || x->offset > e->map.capacity ||
+        x->bytes > e->map.capacity - x->offset)
+        return tio_fail(-EINVAL, "engine: extent at offset %llu (%llu bytes) is outside the "
+                        "%llu-byte space", (unsigned long long)x->offset,
+                        (unsigned long long)x->bytes, (unsigned long long)e->map.capacity);
+    if (bytes > x->bytes)
+        return tio_fail(-EINVAL, "engine: request of %llu bytes exceeds its %llu-byte extent",
+                        (unsigned long long)bytes, (unsigned long long)x->bytes);
+    return 0;
+}
+
+/* Cut [x->offset, x->offset + bytes) into chunks: at most request_bytes,
+ * never crossing a stripe unit.  Returns the request, or NULL (-ENOMEM). */
+static tio_req *build_request(tio_engine *e, int op, const tio_extent *x, char *buf,
+                              uint64_t bytes, uint64_t tag, bool urgent, bool sync)
+{
+    uint64_t stripe = e->opt.stripe_bytes, n = e->n_dirs;
+    uint64_t n_chunks = 0;
+    for (uint64_t pos = 0; pos < bytes;) {
+        uint64_t o = x->offset + pos;
+        uint64_t len = stripe - o % stripe;
+        if (len > e->opt.request_bytes)
+            len = e->opt.request_bytes;
+        pos += len;
+        n_chunks++;
+    }
+    if (n_chunks > UINT32_MAX)
+        return NULL;
+    tio_req *r = calloc(1, sizeof *r + n_chunks * sizeof(tio_chunk));
+    if (!r)
+        return NULL;
+    r->tag = tag;
+    r->sync = sync;
+    r->n_chunks = r->chunks_left = (uint32_t)n_chunks;
+    uint64_t pos = 0;
+    for (uint32_t i = 0; i < n_chunks; i++) {
+        tio_chunk *c = &r->chunks[i];
+        uint64_t o = x->offset + pos;
+        uint64_t len = stripe - o % stripe;
+        if (len > e->opt.request_bytes)
+            len = e->opt.request_bytes;
+        if (len > bytes - pos)
+            len = bytes - pos;
+        c->req = r;
+        c->dir = &e->dirs[(o / stripe) % n];
+        c->op = (uint8_t)op;
+        c->cls = urgent ? TIO_CLASS_URGENT : TIO_CLASS_NORMAL;
+        c->file_off = (o / (stripe * n)) * stripe + o % stripe;
+        c->user_len = (uint32_t)len;
+        c->io_len = (uint32_t)((len + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1));
+        c->user_ptr = buf + pos;
+        if (e->fault_kind && e->fault_op == op && ++e->chunk_count[op] == e->fault_nth)
+            c->fault = e->fault_kind;
+        pos += len;
+    }
+    return r;
+}
+
+static void enqueue_request(tio_engine *e, tio_req *r)
+{
+    pthread_mutex_lock(&e->done_mu);
+    e->n_unfinished++;
+    if (r->n_chunks == 0) {
+        r->finished = true;
+        if (e->done_tail)
+            e->done_tail->next = r;
+        else
+            e->done_head = r;
+        e->done_tail = r;
+        if (!r->sync)
+            e->n_done++;
+        e->n_unfinished--;
+        pthread_cond_broadcast(&e->done_cv);
+    }
+    pthread_mutex_unlock(&e->done_mu);
+    for (uint32_t di = 0; di < e->n_dirs && r->n_chunks; di++) {
+        tio_dir *d = &e->dirs[di];
+        bool any = false;
+        pthread_mutex_lock(&d->mu);
+        for (uint32_t i = 0; i < r->n_chunks; i++) {
+            tio_chunk *c = &r->chunks[i];
+            if (c->dir != d)
+                continue;
+            c->next = NULL;
+            if (d->tail[c->cls])
+                d->tail[c->cls]->next = c;
+            else
+                d->head[c->cls] = c;
+            d->tail[c->cls] = c;
+            any = true;
+        }
+        if (any) {
+            if (e->backend == TIO_BACKEND_IO_URING)
+                tio_uring_kick(d);
+            else
+                tio_psync_kick(d);
+        }
+        pthread_mutex_unlock(&d->mu);
+    }
+}
+
+static int submit(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_t bytes,
+                  uint64_t tag, bool urgent, bool sync, tio_req **out)
+{
+    int rc = check_request(e, x, buf, bytes);
+    if (rc)
+        return rc;
+    tio_req *r = build_request(e, op, x, buf, bytes, tag, urgent, sync);
+    if (!r)
+        return tio_fail(-ENOMEM, "engine: out of memory queueing a %llu-byte request",
+                        (unsigned long long)bytes);
+    if (out)
+        *out = r;
+    if (!sync)
+        e->in_flight++;
+    enqueue_request(e, r);
+    return 0;
+}
+
+int tio_engine_submit_write(tio_engine *engine, const tio_extent *extent, const void *buf,
+                            uint64_t bytes, uint64_t tag, bool urgent)
+{
+    return submit(engine, TIO_OP_WRITE, extent, (char *)buf, bytes, tag, urgent, false, NULL);
+}
+
+int tio_engine_submit_read(tio_engine *engine, const tio_extent *extent, void *buf,
+                           uint64_t bytes, uint64_t tag, bool urgent)
+{
+    return submit(engine, TIO_OP_READ, extent, buf, bytes, tag, urgent, false, NULL);
+}
+
+/* ---- completions ------------------------------------------------------ */
+
+int tio_engine_reap(tio_engine *e, tio_completion *out, uint32_t max, uint32_t min_complete)
+{
+    if (min_complete > max || (max && !out))
+        return tio_fail(-EINVAL, "engine: reap with min_complete %u > max %u", min_complete, max);
+    if (min_complete > e->in_flight)
+        return tio_fail(-EINVAL, "engine: reap would wait for %u completions with only %u "
+                        "requests in flight", min_complete, e->in_flight);
+    tio_req *taken = NULL, **link = &taken;
+    uint32_t n = 0;
+    pthread_mutex_lock(&e->done_mu);
+    while (e->n_done < min_complete)
+        pthread_cond_wait(&e->done_cv, &e->done_mu);
+    tio_req *prev = NULL;
+    for (tio_req *r = e->done_head; r && n < max;) {
+        tio_req *next = r->next;
+        if (r->sync) {
+            prev = r;
+        } else {
+            if (prev)
+                prev->next = next;
+            else
+                e->done_head = next;
+            if (e->done_tail == r)
+                e->done_tail = prev;
+            r->next = NULL;
+            *link = r;
+            link = &r->next;
+            n++;
+            e->n_done--;
+        }
+        r = next;
+    }
+    pthread_mutex_unlock(&e->done_mu);
+
+    e->n_errs = 0;
+    bool reported = false;
+    uint32_t i = 0;
+    for (tio_req *r = taken; r; i++) {
+        tio_req *next = r->next;
+        out[i] = (tio_completion){.tag = r->tag, .result = r->result};
+        if (r->result && tio_grow((void **)&e->errs, &e->cap_errs, e->n_errs + 1,
+                                  sizeof *e->errs) == 0) {
+            e->errs[e->n_errs].tag = r->tag;
+            memcpy(e->errs[e->n_errs].msg, r->msg, sizeof r->msg);
+            e->n_errs++;
+        }
+        if (r->result && !reported) {
+            tio_fail(r->result, "%s", r->msg);
+            reported = true;
+        }
+        free(r);
+        r = next;
+    }
+    e->in_flight -= n;
+    return (int)n;
+}
+
+const char *tio_engine_completion_error(const tio_engine *engine, uint64_t tag)
+{
+    for (uint32_t i = 0; i < engine->n_errs; i++)
+        if (engine->errs[i].tag == tag)
+            return engine->errs[i].msg;
+    return "";
+}
+
+static int run_sync(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_t bytes)
+{
+    tio_req *r;
+    int rc = submit(e, op, x, buf, bytes, 0, false, true, &r);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&e->done_mu);
+    while (!r->finished)
+        pthread_cond_wait(&e->done_cv, &e->done_mu);
+    tio_req **p = &e->done_head, *prev = NULL;
+    while (*p != r) {
+        prev = *p;
+        p = &(*p)->next;
+    }
+    *p = r->next;
+    if (e->done_tail == r)
+        e->done_tail = prev;
+    pthread_mutex_unlock(&e->done_mu);
+    rc = r->result;
+    if (rc)
+        tio_fail(rc, "%s", r->msg);
+    free(r);
+    return rc;
+}
+
+int tio_engine_write(tio_engine *engine, const tio_extent *extent, const void *buf, uint64_t bytes)
+{
+    return run_sync(engine, TIO_OP_WRITE, extent, (char *)buf, bytes);
+}
+
+int tio_engine_read(tio_engine *engine, const tio_extent *extent, void *buf, uint64_t bytes)
+{
+    return run_sync(engine, TIO_OP_READ, extent, buf, bytes);
+}
