@@ -1,0 +1,738 @@
+/*
+ * runtime/runtime.c — executes a plan while training runs (runtime.h).
+ *
+ * Two tables, both built once at create:
+ *
+ *   The tensor table, indexed by trace id.  Each entry holds the tensor's
+ *   address and size (from bind or from the allocate callback), its state,
+ *   where its stored copy lives (an engine extent, allocated at the first SSD
+ *   offload and reused until unbind/destroy, and/or a malloc'ed host copy,
+ *   likewise kept), the request the engine is running for it (at most one;
+ *   its tag is the tensor id), and an error from a completion that arrived
+ *   while nobody was waiting for it.
+ *
+ *   The plan indexed by kernel: four bucket lists (CSR arrays of migration
+ *   indices) — offloads whose deadline is k, prefetches whose deadline is k,
+ *   offloads triggered at k, prefetches triggered at k — so kernel_begin(k)
+ *   costs O(migrations at k) plus the completions it reaps, never a scan of
+ *   the tensor table.
+ *
+ * States of a bound tensor and what moves it:
+ *
+ *   RESIDENT --offload trigger--> OFFLOADING --deadline: write done,
+ *                                     |          release callback--> OFFLOADED
+ *                                     | ensure_resident (tensor used: the
+ *                                     v   release is cancelled) / write failed
+ *                                  RESIDENT
+ *   OFFLOADED --prefetch trigger: allocate, read--> PREFETCHING
+ *   PREFETCHING --read done--> RESIDENT;  --read failed: release--> OFFLOADED
+ *   OFFLOADED --ensure_resident: allocate, urgent read, wait--> RESIDENT
+ *
+ * A migration whose tensor is not in the state it expects (unbound, never
+ * offloaded because this is the first iteration after profiling, refused for
+ * lack of space, cancelled by a use) is skipped; the state machine, not the
+ * plan, decides what is safe.  A tensor used during its offload must be
+ * passed to ensure_resident: that cancels the release, because the write
+ * may have copied bytes the kernel is about to change.  The extent keeps
+ * whatever the cancelled write stored; it is overwritten by the next offload.
+ *
+ * Memory accounting: resident_bytes counts every bound tensor whose memory
+ * is held (RESIDENT, OFFLOADING, PREFETCHING); the peak is updated whenever
+ * it grows (bind, allocate), which covers the values seen after each bind
+ * and at the end of each kernel_begin (releases precede allocations there).
+ *
+ * Errors: a failed write leaves the tensor resident and intact, a failed
+ * read leaves it offloaded (the memory allocated for it is released).  The
+ * error is returned by the call that waited for the request, or, when the
+ * completion was reaped in passing, by the next call that processes a
+ * migration of that tensor (normally its deadline), with a message naming
+ * the tensor.  The engine's completion queue is the runtime's while it
+ * exists: completions with tags it does not know are logged and dropped.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "teraio/runtime.h"
+
+typedef enum {
+    TENSOR_RESIDENT = 0,
+    TENSOR_OFFLOADING,  /* stored copy being written / written; memory held */
+    TENSOR_OFFLOADED,   /* memory released; bytes only in the stored copy */
+    TENSOR_PREFETCHING, /* memory allocated; read in flight */
+} tensor_state;
+
+typedef enum {
+    IO_NONE = 0,
+    IO_WRITE,       /* planned offload to SSD */
+    IO_READ,        /* planned prefetch from SSD */
+    IO_READ_DEMAND, /* fetch on demand (ensure_resident, fetch_all) */
+} io_kind;
+
+typedef struct {
+    void *addr;        /* valid unless OFFLOADED */
+    uint64_t bytes;
+    tensor_state state;
+    tio_tier stored;   /* tier holding the copy while OFFLOADING/OFFLOADED/PREFETCHING */
+    bool bound;
+    bool has_extent;
+    io_kind io;        /* engine request in flight, tag = tensor id */
+    int err;           /* error of a completion reaped in passing, 0 if none */
+    char *err_msg;     /* its message (malloc'ed), may be NULL */
+    tio_extent extent;
+    void *host_copy;   /* [bytes] once the tensor was offloaded to the host tier */
+} rt_tensor;
+
+enum { B_OFFLOAD_DEADLINE, B_PREFETCH_DEADLINE, B_OFFLOAD_TRIGGER, B_PREFETCH_TRIGGER, B_COUNT };
+
+struct tio_runtime {
+    const tio_plan *plan;
+    const tio_trace *trace;
+    tio_engine *engine;
+    tio_runtime_callbacks cb;
+    rt_tensor *tensors;            /* [trace->n_tensors] */
+    uint32_t *bucket_start[B_COUNT]; /* [n_kernels + 1] offsets into bucket_mig */
+    uint32_t *bucket_mig[B_COUNT];   /* migration indices, grouped by kernel */
+    tio_runtime_stats stats;
+};
+
+#define REAP_BATCH 64
+
+static void resident_add(tio_runtime *rt, uint64_t bytes)
+{
+    rt->stats.resident_bytes += bytes;
+    if (rt->stats.resident_bytes > rt->stats.peak_resident_bytes)
+        rt->stats.peak_resident_bytes = rt->stats.resident_bytes;
+}
+
+/* Keep the first error of a sequence of steps that must all run. */
+static void keep_first(int *first, int rc)
+{
+    if (rc < 0 && *first == 0)
+        *first = rc;
+}
+
+static void set_pending_error(rt_tensor *t, int code, const char *msg)
+{
+    free(t->err_msg);
+    t->err = code;
+    t->err_msg = strdup(msg);
+}
+
+static void clear_pending_error(rt_tensor *t)
+{
+    free(t->err_msg);
+    t->err_msg = NULL;
+    t->err = 0;
+}
+
+/* Report (and forget) the error a completion left on tensor `id`. */
+static int take_error(tio_runtime *rt, uint32_t id)
+{
+    rt_tensor *t = &rt->tensors[id];
+    if (t->err == 0)
+        return 0;
+    int code = t->err;
+    if (t->err_msg)
+        tio_fail(code, "%s", t->err_msg);
+    else
+        tio_fail(code, "tensor %u: I/O failed: %s", id, tio_strerror(code));
+    clear_pending_error(t);
+    return code;
+}
+
+/* Give tensor `id`'s memory back to the framework: it is now OFFLOADED. */
+static int release_tensor(tio_runtime *rt, uint32_t id)
+{
+    rt_tensor *t = &rt->tensors[id];
+    int rc = rt->cb.release(rt->cb.ctx, id);
+    if (rc < 0)
+        return tio_fail(rc, "tensor %u: release callback failed: %s", id, tio_strerror(rc));
+    rt->stats.resident_bytes -= t->bytes;
+    t->addr = NULL;
+    t->state = TENSOR_OFFLOADED;
+    return 0;
+}
+
+/* Get memory for offloaded tensor `id` from the framework. */
+static int allocate_tensor(tio_runtime *rt, uint32_t id)
+{
+    rt_tensor *t = &rt->tensors[id];
+    void *addr = NULL;
+    int rc = rt->cb.allocate(rt->cb.ctx, id, t->bytes, &addr);
+    if (rc < 0)
+        return tio_fail(rc, "tensor %u: allocate callback failed for %llu bytes: %s", id,
+                        (unsigned long long)t->bytes, tio_strerror(rc));
+    if (!addr)
+        return tio_fail(-ENOMEM, "tensor %u: allocate callback returned no address", id);
+    t->addr = addr;
+    resident_add(rt, t->bytes);
+    return 0;
+}
+
+/* A read failed or could not be submitted: the memory allocated for it
+ * holds nothing useful, so give it back and stay OFFLOADED. */
+static void abandon_read(tio_runtime *rt, uint32_t id)
+{
+    rt_tensor *t = &rt->tensors[id];
+    int rc = rt->cb.release(rt->cb.ctx, id);
+    if (rc < 0)
+        tio_log(TIO_LOG_ERROR, "runtime: tensor %u: release after a failed read failed: %s", id,
+                tio_strerror(rc));
+    rt->stats.resident_bytes -= t->bytes;
+    t->addr = NULL;
+    t->state = TENSOR_OFFLOADED;
+}
+
+/* Apply one engine completion to its tensor. */
+static void complete(tio_runtime *rt, const tio_completion *c)
+{
+    if (c->tag >= rt->trace->n_tensors || rt->tensors[c->tag].io == IO_NONE) {
+        tio_log(TIO_LOG_WARN, "runtime: dropped an engine completion with unknown tag %llu",
+                (unsigned long long)c->tag);
+        return;
+    }
+    uint32_t id = (uint32_t)c->tag;
+    rt_tensor *t = &rt->tensors[id];
+    io_kind kind = t->io;
+    t->io = IO_NONE;
+    if (c->result < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "tensor %u: SSD %s of %llu bytes failed: %s", id,
+                 kind == IO_WRITE ? "write" : "read", (unsigned long long)t->bytes,
+                 tio_strerror(c->result));
+        set_pending_error(t, c->result, msg);
+        if (kind == IO_WRITE) {
+            if (t->state == TENSOR_OFFLOADING)
+                t->state = TENSOR_RESIDENT;
+        } else {
+            abandon_read(rt, id);
+        }
+        return;
+    }
+    switch (kind) {
+    case IO_WRITE:
+        rt->stats.bytes_offloaded += t->bytes;
+        rt->stats.bytes_offloaded_ssd += t->bytes;
+        rt->stats.n_offloads++;
+        break;
+    case IO_READ:
+        rt->stats.bytes_prefetched += t->bytes;
+        rt->stats.n_prefetches++;
+        t->state = TENSOR_RESIDENT;
+        break;
+    case IO_READ_DEMAND:
+        rt->stats.bytes_fetched_urgent += t->bytes;
+        t->state = TENSOR_RESIDENT;
+        break;
+    case IO_NONE:
+        break;
+    }
+}
+
+/* One tio_engine_reap call; every completion is applied.  Returns the
+ * number reaped or the engine's error. */
+static int reap(tio_runtime *rt, uint32_t min_complete)
+{
+    if (!rt->engine || (min_complete == 0 && tio_engine_in_flight(rt->engine) == 0))
+        return 0;
+    tio_completion done[REAP_BATCH];
+    int n = tio_engine_reap(rt->engine, done, REAP_BATCH, min_complete);
+    if (n < 0)
+        return n;
+    for (int i = 0; i < n; i++)
+        complete(rt, &done[i]);
+    return n;
+}
+
+/* Wait until tensor `id` has no request in flight, adding the time spent to
+ * *wait_ns (may be NULL).  The request's own error is left on the tensor
+ * for take_error; only an engine failure is returned here. */
+static int wait_io(tio_runtime *rt, uint32_t id, uint64_t *wait_ns)
+{
+    rt_tensor *t = &rt->tensors[id];
+    if (t->io == IO_NONE)
+        return 0;
+    uint64_t t0 = tio_now_ns();
+    int rc = 0;
+    while (t->io != IO_NONE) {
+        if (tio_engine_in_flight(rt->engine) == 0) {
+            t->io = IO_NONE;
+            rc = tio_fail(-EIO, "tensor %u: the engine lost its request", id);
+            break;
+        }
+        rc = reap(rt, 1);
+        if (rc < 0) {
+            rc = tio_fail(rc, "tensor %u: waiting for the engine: %s", id, tio_last_error());
+            break;
+        }
+        rc = 0;
+    }
+    if (wait_ns)
+        *wait_ns += tio_now_ns() - t0;
+    return rc;
+}
+
+/* Wait for tensor `id`'s request and return its result. */
+static int wait_result(tio_runtime *rt, uint32_t id, uint64_t *wait_ns)
+{
+    int rc = wait_io(rt, id, wait_ns);
+    if (rc < 0)
+        return rc;
+    return take_error(rt, id);
+}
+
+/* An engine call for tensor `id` failed; the engine's message (if it left
+ * one: callers clear the last error before the call) is kept. */
+static int submit_failed(int rc, uint32_t id, const char *what)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", tio_last_error());
+    return tio_fail(rc, "tensor %u: %s: %s", id, what, msg[0] ? msg : tio_strerror(rc));
+}
+
+/* Step 1: offload deadline — wait for the write, then release. */
+static int offload_deadline(tio_runtime *rt, const tio_migration *m)
+{
+    rt_tensor *t = &rt->tensors[m->tensor];
+    if (!t->bound)
+        return 0;
+    int rc = wait_result(rt, m->tensor, &rt->stats.wait_ns);
+    if (rc < 0 || t->state != TENSOR_OFFLOADING)
+        return rc;
+    return release_tensor(rt, m->tensor);
+}
+
+/* Step 2: prefetch deadline — wait for the read. */
+static int prefetch_deadline(tio_runtime *rt, const tio_migration *m)
+{
+    rt_tensor *t = &rt->tensors[m->tensor];
+    if (!t->bound)
+        return 0;
+    return wait_result(rt, m->tensor, &rt->stats.wait_ns);
+}
+
+/* Step 3: offload trigger — start writing a resident tensor's bytes to its
+ * tier.  No space: the tensor stays resident (offloads_refused). */
+static int offload_trigger(tio_runtime *rt, const tio_migration *m)
+{
+    uint32_t id = m->tensor;
+    rt_tensor *t = &rt->tensors[id];
+    if (!t->bound || t->state != TENSOR_RESIDENT)
+        return 0;
+    /* A cancelled offload's write may still be running; one request per
+     * tensor at a time, and its error is reported now. */
+    int rc = wait_result(rt, id, &rt->stats.wait_ns);
+    if (rc < 0)
+        return rc;
+    if (m->tier == TIO_TIER_HOST) {
+        if (!t->host_copy && !(t->host_copy = malloc(t->bytes))) {
+            rt->stats.offloads_refused++;
+            return 0;
+        }
+        memcpy(t->host_copy, t->addr, t->bytes);
+        rt->stats.bytes_offloaded += t->bytes;
+        rt->stats.bytes_offloaded_host += t->bytes;
+        rt->stats.n_offloads++;
+        t->stored = TIO_TIER_HOST;
+        t->state = TENSOR_OFFLOADING;
+        return 0;
+    }
+    tio_clear_error();
+    if (!t->has_extent) {
+        rc = tio_engine_alloc(rt->engine, t->bytes, &t->extent);
+        if (rc == -ENOSPC) {
+            rt->stats.offloads_refused++;
+            return 0;
+        }
+        if (rc < 0)
+            return submit_failed(rc, id, "reserving SSD space");
+        t->has_extent = true;
+    }
+    rc = tio_engine_submit_write(rt->engine, &t->extent, t->addr, t->bytes, id, false);
+    if (rc < 0)
+        return submit_failed(rc, id, "submitting the SSD write");
+    t->io = IO_WRITE;
+    t->stored = TIO_TIER_SSD;
+    t->state = TENSOR_OFFLOADING;
+    return 0;
+}
+
+/* Start bringing offloaded tensor `id` back: allocate, then copy from the
+ * host tier (done at once) or submit the SSD read as `kind`. */
+static int start_fetch(tio_runtime *rt, uint32_t id, io_kind kind, bool urgent)
+{
+    rt_tensor *t = &rt->tensors[id];
+    int rc = allocate_tensor(rt, id);
+    if (rc < 0)
+        return rc;
+    if (t->stored == TIO_TIER_HOST) {
+        memcpy(t->addr, t->host_copy, t->bytes);
+        t->state = TENSOR_RESIDENT;
+        if (kind == IO_READ) {
+            rt->stats.bytes_prefetched += t->bytes;
+            rt->stats.n_prefetches++;
+        } else {
+            rt->stats.bytes_fetched_urgent += t->bytes;
+        }
+        return 0;
+    }
+    tio_clear_error();
+    rc = tio_engine_submit_read(rt->engine, &t->extent, t->addr, t->bytes, id, urgent);
+    if (rc < 0) {
+        rc = submit_failed(rc, id, "submitting the SSD read");
+        abandon_read(rt, id);
+        return rc;
+    }
+    t->io = kind;
+    t->state = TENSOR_PREFETCHING;
+    return 0;
+}
+
+/* Step 4: prefetch trigger — bring an offloaded tensor back. */
+static int prefetch_trigger(tio_runtime *rt, const tio_migration *m)
+{
+    rt_tensor *t = &rt->tensors[m->tensor];
+    if (!t->bound || t->state != TENSOR_OFFLOADED)
+        return 0;
+    int rc = take_error(rt, m->tensor);
+    keep_first(&rc, start_fetch(rt, m->tensor, IO_READ, false));
+    return rc;
+}
+
+/* The kernel sequence left the trace: let every migration in flight finish
+ * (writes are waited for and released, reads complete), then stop. */
+static int diverge(tio_runtime *rt, uint32_t k, const char *name)
+{
+    const char *expected = k < rt->trace->n_kernels ? rt->trace->kernels[k].name : "(none)";
+    tio_log(TIO_LOG_WARN,
+            "runtime: kernel %u is '%s' but the trace has '%s'; planned migrations stop, "
+            "offloaded tensors are fetched on demand",
+            k, name ? name : "(null)", expected);
+    rt->stats.diverged = true;
+    rt->stats.diverged_kernel = k;
+    int first = 0;
+    for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
+        rt_tensor *t = &rt->tensors[id];
+        if (!t->bound)
+            continue;
+        keep_first(&first, wait_result(rt, id, &rt->stats.wait_ns));
+        if (t->state == TENSOR_OFFLOADING)
+            keep_first(&first, release_tensor(rt, id));
+    }
+    return first < 0 ? first : 1;
+}
+
+int tio_runtime_kernel_begin(tio_runtime *rt, uint32_t k, const char *name)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_kernel_begin: runtime is NULL");
+    if (rt->stats.diverged)
+        return 0;
+    int first = reap(rt, 0);
+    if (first > 0)
+        first = 0;
+    if (k >= rt->trace->n_kernels || !name || strcmp(name, rt->trace->kernels[k].name) != 0) {
+        int rc = diverge(rt, k, name);
+        return first < 0 ? first : rc;
+    }
+    static int (*const step[B_COUNT])(tio_runtime *, const tio_migration *) = {
+        [B_OFFLOAD_DEADLINE] = offload_deadline,
+        [B_PREFETCH_DEADLINE] = prefetch_deadline,
+        [B_OFFLOAD_TRIGGER] = offload_trigger,
+        [B_PREFETCH_TRIGGER] = prefetch_trigger,
+    };
+    for (int b = 0; b < B_COUNT; b++) {
+        for (uint32_t i = rt->bucket_start[b][k]; i < rt->bucket_start[b][k + 1]; i++)
+            keep_first(&first, step[b](rt, &rt->plan->migrations[rt->bucket_mig[b][i]]));
+    }
+    return first;
+}
+
+static int check_bound(const tio_runtime *rt, uint32_t tensor)
+{
+    if (tensor >= rt->trace->n_tensors)
+        return tio_fail(TIO_EUNKNOWN, "tensor %u does not exist (the trace has %u tensors)",
+                        tensor, rt->trace->n_tensors);
+    if (!rt->tensors[tensor].bound)
+        return tio_fail(TIO_EUNKNOWN, "tensor %u is not bound", tensor);
+    return 0;
+}
+
+int tio_runtime_ensure_resident(tio_runtime *rt, uint32_t tensor, void **addr)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_ensure_resident: runtime is NULL");
+    int rc = check_bound(rt, tensor);
+    if (rc < 0)
+        return rc;
+    rc = reap(rt, 0);
+    if (rc < 0)
+        return tio_fail(rc, "tensor %u: reaping the engine: %s", tensor, tio_last_error());
+    rt_tensor *t = &rt->tensors[tensor];
+    int result = 0;
+    if (t->state == TENSOR_OFFLOADING) {
+        t->state = TENSOR_RESIDENT; /* used during its offload: never release it */
+    } else if (t->state == TENSOR_PREFETCHING || t->state == TENSOR_OFFLOADED) {
+        uint64_t t0 = tio_now_ns();
+        if (t->state == TENSOR_OFFLOADED) {
+            if (t->err) {
+                tio_log(TIO_LOG_WARN, "runtime: %s; fetching it again on demand",
+                        t->err_msg ? t->err_msg : tio_strerror(t->err));
+                clear_pending_error(t);
+            }
+            rc = start_fetch(rt, tensor, IO_READ_DEMAND, true);
+        }
+        if (rc == 0)
+            rc = wait_result(rt, tensor, NULL);
+        rt->stats.stalls++;
+        rt->stats.stall_ns += tio_now_ns() - t0;
+        if (rc < 0)
+            return rc;
+        result = 1;
+    }
+    if (addr)
+        *addr = t->addr;
+    return result;
+}
+
+bool tio_runtime_is_resident(const tio_runtime *rt, uint32_t tensor)
+{
+    return rt && tensor < rt->trace->n_tensors && rt->tensors[tensor].bound &&
+           rt->tensors[tensor].state == TENSOR_RESIDENT;
+}
+
+/* Does the tensor hold memory counted in resident_bytes? */
+static bool holds_memory(const rt_tensor *t)
+{
+    return t->bound && t->state != TENSOR_OFFLOADED;
+}
+
+int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64_t bytes)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_tensor_bind: runtime is NULL");
+    if (tensor >= rt->trace->n_tensors)
+        return tio_fail(TIO_EUNKNOWN, "tensor %u does not exist (the trace has %u tensors)",
+                        tensor, rt->trace->n_tensors);
+    rt_tensor *t = &rt->tensors[tensor];
+    if (bytes != t->bytes)
+        return tio_fail(-EINVAL, "tensor %u: bound with %llu bytes, the trace says %llu", tensor,
+                        (unsigned long long)bytes, (unsigned long long)t->bytes);
+    if (!addr)
+        return tio_fail(-EINVAL, "tensor %u: bound to a NULL address", tensor);
+    /* Rebinding replaces the tensor's contents: an old request's outcome no
+     * longer matters, but its buffer must not be in use when we return. */
+    int rc = wait_io(rt, tensor, NULL);
+    if (rc < 0)
+        return rc;
+    clear_pending_error(t);
+    if (holds_memory(t))
+        rt->stats.resident_bytes -= t->bytes;
+    t->addr = addr;
+    t->bound = true;
+    t->state = TENSOR_RESIDENT;
+    resident_add(rt, bytes);
+    return 0;
+}
+
+int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_tensor_unbind: runtime is NULL");
+    int rc = check_bound(rt, tensor);
+    if (rc < 0)
+        return rc;
+    rt_tensor *t = &rt->tensors[tensor];
+    rc = wait_io(rt, tensor, NULL);
+    clear_pending_error(t); /* the tensor is dead: its copy no longer matters */
+    if (holds_memory(t))
+        rt->stats.resident_bytes -= t->bytes;
+    if (t->has_extent) {
+        tio_engine_free(rt->engine, &t->extent);
+        t->has_extent = false;
+    }
+    free(t->host_copy);
+    t->host_copy = NULL;
+    t->addr = NULL;
+    t->bound = false;
+    t->state = TENSOR_RESIDENT;
+    return rc;
+}
+
+int tio_runtime_iteration_begin(tio_runtime *rt)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_iteration_begin: runtime is NULL");
+    rt->stats.iterations++;
+    int rc = reap(rt, 0);
+    return rc < 0 ? rc : 0;
+}
+
+int tio_runtime_fetch_all(tio_runtime *rt)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_fetch_all: runtime is NULL");
+    int first = 0;
+    /* Submit every read first so they overlap, then wait for them all. */
+    for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
+        rt_tensor *t = &rt->tensors[id];
+        if (!t->bound)
+            continue;
+        if (t->state == TENSOR_OFFLOADING) {
+            t->state = TENSOR_RESIDENT;
+        } else if (t->state == TENSOR_OFFLOADED) {
+            clear_pending_error(t);
+            keep_first(&first, start_fetch(rt, id, IO_READ_DEMAND, false));
+        }
+    }
+    for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
+        if (rt->tensors[id].bound)
+            keep_first(&first, wait_result(rt, id, &rt->stats.wait_ns));
+    }
+    return first;
+}
+
+void tio_runtime_get_stats(const tio_runtime *rt, tio_runtime_stats *out)
+{
+    if (rt && out)
+        *out = rt->stats;
+}
+
+/* The plan is const and borrowed: check what the runtime relies on. */
+static int validate_plan(const tio_plan *plan, const tio_trace *trace, const tio_engine *engine)
+{
+    if (plan->n_kernels != trace->n_kernels)
+        return tio_fail(-EINVAL, "plan has %u kernels, the trace %u", plan->n_kernels,
+                        trace->n_kernels);
+    if (plan->n_migrations > 0 && !plan->migrations)
+        return tio_fail(-EINVAL, "plan has %u migrations but no array", plan->n_migrations);
+    for (uint32_t i = 0; i < plan->n_migrations; i++) {
+        const tio_migration *m = &plan->migrations[i];
+        if (m->tensor >= trace->n_tensors)
+            return tio_fail(TIO_EUNKNOWN,
+                            "plan migration %u names tensor %u; the trace has %u tensors", i,
+                            m->tensor, trace->n_tensors);
+        if (m->kind != TIO_MIGRATION_OFFLOAD && m->kind != TIO_MIGRATION_PREFETCH)
+            return tio_fail(-EINVAL, "plan migration %u (tensor %u): bad kind %d", i, m->tensor,
+                            (int)m->kind);
+        if (m->trigger_kernel >= plan->n_kernels || m->deadline_kernel >= plan->n_kernels)
+            return tio_fail(-EINVAL,
+                            "plan migration %u (tensor %u): kernels %u/%u outside [0, %u)", i,
+                            m->tensor, m->trigger_kernel, m->deadline_kernel, plan->n_kernels);
+        if (m->tier != TIO_TIER_HOST && m->tier != TIO_TIER_SSD)
+            return tio_fail(-EINVAL, "plan migration %u (tensor %u): tier must be host or ssd",
+                            i, m->tensor);
+        if (m->tier == TIO_TIER_SSD && !engine)
+            return tio_fail(-EINVAL, "plan migration %u (tensor %u): SSD tier but no engine", i,
+                            m->tensor);
+        if (m->bytes != trace->tensors[m->tensor].bytes)
+            return tio_fail(-EINVAL,
+                            "plan migration %u (tensor %u): %llu bytes, the trace says %llu", i,
+                            m->tensor, (unsigned long long)m->bytes,
+                            (unsigned long long)trace->tensors[m->tensor].bytes);
+    }
+    return 0;
+}
+
+/* Which bucket a migration goes to for its trigger (or deadline). */
+static int bucket_of(const tio_migration *m, bool deadline)
+{
+    if (m->kind == TIO_MIGRATION_OFFLOAD)
+        return deadline ? B_OFFLOAD_DEADLINE : B_OFFLOAD_TRIGGER;
+    return deadline ? B_PREFETCH_DEADLINE : B_PREFETCH_TRIGGER;
+}
+
+/* Counting sort of the migrations into the four per-kernel buckets. */
+static int build_buckets(tio_runtime *rt)
+{
+    const tio_plan *plan = rt->plan;
+    uint32_t nk = plan->n_kernels;
+    for (int b = 0; b < B_COUNT; b++) {
+        rt->bucket_start[b] = calloc((size_t)nk + 1, sizeof(uint32_t));
+        rt->bucket_mig[b] = malloc(((size_t)plan->n_migrations + 1) * sizeof(uint32_t));
+        if (!rt->bucket_start[b] || !rt->bucket_mig[b])
+            return tio_fail(-ENOMEM, "runtime: out of memory indexing %u migrations",
+                            plan->n_migrations);
+    }
+    for (uint32_t i = 0; i < plan->n_migrations; i++) {
+        const tio_migration *m = &plan->migrations[i];
+        rt->bucket_start[bucket_of(m, false)][m->trigger_kernel + 1]++;
+        rt->bucket_start[bucket_of(m, true)][m->deadline_kernel + 1]++;
+    }
+    for (int b = 0; b < B_COUNT; b++)
+        for (uint32_t k = 0; k < nk; k++)
+            rt->bucket_start[b][k + 1] += rt->bucket_start[b][k];
+    /* Fill using a moving cursor per kernel; restore the offsets after. */
+    for (uint32_t i = 0; i < plan->n_migrations; i++) {
+        const tio_migration *m = &plan->migrations[i];
+        int bt = bucket_of(m, false), bd = bucket_of(m, true);
+        rt->bucket_mig[bt][rt->bucket_start[bt][m->trigger_kernel]++] = i;
+        rt->bucket_mig[bd][rt->bucket_start[bd][m->deadline_kernel]++] = i;
+    }
+    for (int b = 0; b < B_COUNT; b++) {
+        for (uint32_t k = nk; k > 0; k--)
+            rt->bucket_start[b][k] = rt->bucket_start[b][k - 1];
+        rt->bucket_start[b][0] = 0;
+    }
+    return 0;
+}
+
+int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine *engine,
+                       const tio_runtime_callbacks *cb, tio_runtime **out)
+{
+    if (!out)
+        return tio_fail(-EINVAL, "runtime_create: out is NULL");
+    *out = NULL;
+    if (!plan || !trace || !cb)
+        return tio_fail(-EINVAL, "runtime_create: plan, trace and callbacks are required");
+    if (!cb->allocate || !cb->release)
+        return tio_fail(-EINVAL, "runtime_create: allocate and release callbacks are required");
+    int rc = validate_plan(plan, trace, engine);
+    if (rc < 0)
+        return rc;
+    tio_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return tio_fail(-ENOMEM, "runtime: out of memory");
+    rt->plan = plan;
+    rt->trace = trace;
+    rt->engine = engine;
+    rt->cb = *cb;
+    rt->tensors = calloc(trace->n_tensors ? trace->n_tensors : 1, sizeof *rt->tensors);
+    if (!rt->tensors) {
+        tio_runtime_destroy(rt);
+        return tio_fail(-ENOMEM, "runtime: out of memory for %u tensors", trace->n_tensors);
+    }
+    for (uint32_t id = 0; id < trace->n_tensors; id++)
+        rt->tensors[id].bytes = trace->tensors[id].bytes;
+    rc = build_buckets(rt);
+    if (rc < 0) {
+        tio_runtime_destroy(rt);
+        return rc;
+    }
+    *out = rt;
+    return 0;
+}
+
+void tio_runtime_destroy(tio_runtime *rt)
+{
+    if (!rt)
+        return;
+    if (rt->tensors) {
+        for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
+            rt_tensor *t = &rt->tensors[id];
+            if (wait_io(rt, id, NULL) < 0)
+                tio_log(TIO_LOG_ERROR, "runtime: destroy: %s", tio_last_error());
+            if (t->has_extent)
+                tio_engine_free(rt->engine, &t->extent);
+            free(t->host_copy);
+            free(t->err_msg);
+        }
+        free(rt->tensors);
+    }
+    for (int b = 0; b < B_COUNT; b++) {
+        free(rt->bucket_start[b]);
+        free(rt->bucket_mig[b]);
+    }
+    free(rt);
+}

@@ -1,0 +1,648 @@
+/*
+ * test_runtime.c — the runtime executing a small plan against a real engine.
+ *
+ * The trace has six kernels and three tensors; the plan offloads T0
+ * (1 MiB + 123 bytes, not a multiple of 4 KiB) to SSD over kernels 1..2 and
+ * prefetches it over 3..5, and offloads T2 to the host tier over 1..2 and
+ * prefetches it over 3..4.  The "framework" is a set of callbacks that
+ * really malloc and free tensor memory and count the calls, so every test
+ * can assert exact call counts, exact byte counters and byte-for-byte
+ * contents after the round trip.  The engine runs on a temporary directory
+ * under $TIO_TEST_TMPDIR, once with the psync backend and once with the
+ * backend the probe picks.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "teraio/runtime.h"
+
+#define N_TENSORS 3
+#define T0_BYTES (1024u * 1024u + 123u)
+#define T1_BYTES 8192u
+#define T2_BYTES 10000u
+#define ALL_BYTES ((uint64_t)T0_BYTES + T1_BYTES + T2_BYTES)
+
+static const uint64_t tensor_bytes[N_TENSORS] = {T0_BYTES, T1_BYTES, T2_BYTES};
+static const char *const kernel_names[] = {"embed", "mm1", "mm2", "mm3", "mm4", "loss"};
+
+/* The framework's allocator, as the runtime sees it through callbacks. */
+typedef struct {
+    void *mem[N_TENSORS];
+    int n_allocate[N_TENSORS];
+    int n_release[N_TENSORS];
+} fake_framework;
+
+static int fw_allocate(void *ctx, uint32_t tensor, uint64_t bytes, void **addr)
+{
+    fake_framework *fw = ctx;
+    assert_true(tensor < N_TENSORS);
+    assert_null(fw->mem[tensor]);
+    assert_int_equal(bytes, tensor_bytes[tensor]);
+    fw->mem[tensor] = malloc(bytes);
+    if (!fw->mem[tensor])
+        return -ENOMEM;
+    memset(fw->mem[tensor], 0xEE, bytes); /* garbage a prefetch must overwrite */
+    fw->n_allocate[tensor]++;
+    *addr = fw->mem[tensor];
+    return 0;
+}
+
+static int fw_release(void *ctx, uint32_t tensor)
+{
+    fake_framework *fw = ctx;
+    assert_true(tensor < N_TENSORS);
+    assert_non_null(fw->mem[tensor]);
+    free(fw->mem[tensor]);
+    fw->mem[tensor] = NULL;
+    fw->n_release[tensor]++;
+    return 0;
+}
+
+static void fill_pattern(void *buf, uint64_t bytes, unsigned seed)
+{
+    unsigned char *p = buf;
+    for (uint64_t i = 0; i < bytes; i++)
+        p[i] = (unsigned char)((i * 131u + seed * 17u + (i >> 12)) & 0xffu);
+}
+
+static bool has_pattern(const void *buf, uint64_t bytes, unsigned seed)
+{
+    const unsigned char *p = buf;
+    for (uint64_t i = 0; i < bytes; i++)
+        if (p[i] != (unsigned char)((i * 131u + seed * 17u + (i >> 12)) & 0xffu))
+            return false;
+    return true;
+}
+
+typedef struct {
+    tio_backend backend;
+    uint64_t engine_bytes; /* 0: no engine */
+    const char *fault;     /* TIO_ENGINE_FAULT while the engine is created */
+    bool host_only;        /* plan only the host-tier migrations of T2 */
+} fixture_options;
+
+typedef struct {
+    tio_trace *trace;
+    tio_migration migrations[8];
+    tio_plan plan;
+    tio_engine *engine;
+    char dir[4096];
+    fake_framework fw;
+    tio_runtime_callbacks cb;
+    tio_runtime *rt;
+} fixture;
+
+static tio_trace *make_trace(void)
+{
+    tio_trace *tr;
+    assert_int_equal(tio_trace_create("runtime test", &tr), 0);
+    static const tio_tensor_kind kinds[N_TENSORS] = {TIO_KIND_ACTIVATION, TIO_KIND_TEMPORARY,
+                                                     TIO_KIND_ACTIVATION};
+    for (uint32_t i = 0; i < N_TENSORS; i++) {
+        uint32_t id;
+        assert_int_equal(tio_trace_add_tensor(tr, tensor_bytes[i], kinds[i], false, NULL, &id), 0);
+        assert_int_equal(id, i);
+    }
+    /* Uses: T0 at 0 and 5, T1 at every kernel, T2 at 0 and 4. */
+    static const uint8_t uses[6][N_TENSORS] = {
+        {TIO_ACCESS_WRITE, TIO_ACCESS_WRITE, TIO_ACCESS_WRITE},
+        {0, TIO_ACCESS_READ, 0},
+        {0, TIO_ACCESS_READ | TIO_ACCESS_WRITE, 0},
+        {0, TIO_ACCESS_READ, 0},
+        {0, TIO_ACCESS_READ, TIO_ACCESS_READ},
+        {TIO_ACCESS_READ, TIO_ACCESS_READ, 0},
+    };
+    for (uint32_t k = 0; k < 6; k++) {
+        assert_int_equal(tio_trace_add_kernel(tr, kernel_names[k], 1000), 0);
+        for (uint32_t t = 0; t < N_TENSORS; t++)
+            if (uses[k][t])
+                assert_int_equal(tio_trace_add_access(tr, t, uses[k][t]), 0);
+    }
+    return tr;
+}
+
+static void plan_init(tio_plan *plan, tio_migration *m, uint32_t n)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->n_kernels = 6;
+    plan->n_tensors = N_TENSORS;
+    plan->capacity_bytes = ALL_BYTES;
+    plan->n_migrations = n;
+    plan->migrations = m;
+}
+
+static tio_migration migration(uint32_t tensor, tio_migration_kind kind, uint32_t trigger,
+                               uint32_t deadline, tio_tier tier)
+{
+    return (tio_migration){.tensor = tensor, .kind = kind, .trigger_kernel = trigger,
+                           .deadline_kernel = deadline, .tier = tier,
+                           .bytes = tensor_bytes[tensor]};
+}
+
+static void make_dir(char *out, size_t cap)
+{
+    const char *base = getenv("TIO_TEST_TMPDIR");
+    if (!base || !base[0])
+        base = "/tmp";
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", base);
+    assert_int_equal(system(cmd), 0);
+    snprintf(out, cap, "%s/runtime.XXXXXX", base);
+    assert_non_null(mkdtemp(out));
+}
+
+static int fixture_setup(void **state, const fixture_options *opt)
+{
+    fixture *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->trace = make_trace();
+    uint32_t n = 0;
+    if (!opt->host_only) {
+        f->migrations[n++] = migration(0, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_SSD);
+    }
+    f->migrations[n++] = migration(2, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_HOST);
+    if (!opt->host_only)
+        f->migrations[n++] = migration(0, TIO_MIGRATION_PREFETCH, 3, 5, TIO_TIER_SSD);
+    f->migrations[n++] = migration(2, TIO_MIGRATION_PREFETCH, 3, 4, TIO_TIER_HOST);
+    plan_init(&f->plan, f->migrations, n);
+
+    if (opt->engine_bytes) {
+        make_dir(f->dir, sizeof f->dir);
+        tio_engine_options eo;
+        tio_engine_options_default(&eo);
+        const char *dirs[1] = {f->dir};
+        eo.dirs = dirs;
+        eo.n_dirs = 1;
+        eo.capacity_bytes = opt->engine_bytes;
+        eo.backend = opt->backend;
+        if (opt->fault)
+            setenv("TIO_ENGINE_FAULT", opt->fault, 1);
+        int rc = tio_engine_create(&eo, &f->engine);
+        unsetenv("TIO_ENGINE_FAULT");
+        assert_int_equal(rc, 0);
+    }
+
+    f->cb = (tio_runtime_callbacks){.ctx = &f->fw, .allocate = fw_allocate, .release = fw_release};
+    assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
+    for (uint32_t t = 0; t < N_TENSORS; t++) {
+        f->fw.mem[t] = malloc(tensor_bytes[t]);
+        assert_non_null(f->fw.mem[t]);
+        fill_pattern(f->fw.mem[t], tensor_bytes[t], t + 1);
+        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+    }
+    *state = f;
+    return 0;
+}
+
+static int fixture_teardown(void **state)
+{
+    fixture *f = *state;
+    tio_runtime_destroy(f->rt);
+    tio_engine_destroy(f->engine);
+    if (f->dir[0])
+        rmdir(f->dir);
+    for (uint32_t t = 0; t < N_TENSORS; t++)
+        free(f->fw.mem[t]);
+    tio_trace_destroy(f->trace);
+    free(f);
+    return 0;
+}
+
+static int setup_psync(void **state)
+{
+    return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_PSYNC,
+                                                   .engine_bytes = 8u << 20});
+}
+
+static int setup_auto(void **state)
+{
+    return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_AUTO,
+                                                   .engine_bytes = 8u << 20});
+}
+
+static int setup_host_only(void **state)
+{
+    return fixture_setup(state, &(fixture_options){.host_only = true});
+}
+
+static int setup_small_engine(void **state)
+{
+    return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_PSYNC,
+                                                   .engine_bytes = 1u << 20});
+}
+
+static int setup_write_fault(void **state)
+{
+    return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_PSYNC,
+                                                   .engine_bytes = 8u << 20,
+                                                   .fault = "eio:write:1"});
+}
+
+static int setup_read_fault(void **state)
+{
+    return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_PSYNC,
+                                                   .engine_bytes = 8u << 20,
+                                                   .fault = "eio:read:1"});
+}
+
+static void run_kernels(fixture *f, uint32_t from, uint32_t to)
+{
+    for (uint32_t k = from; k < to; k++)
+        assert_int_equal(tio_runtime_kernel_begin(f->rt, k, kernel_names[k]), 0);
+}
+
+static tio_runtime_stats stats_of(const fixture *f)
+{
+    tio_runtime_stats s;
+    tio_runtime_get_stats(f->rt, &s);
+    return s;
+}
+
+/* A whole iteration: release at the offload deadline, exact bytes back at
+ * the prefetch deadline, exact counters. */
+static void test_round_trip(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 2);
+    /* Kernel 1 started both offloads; nothing is released yet. */
+    assert_int_equal(f->fw.n_release[0] + f->fw.n_release[2], 0);
+    assert_false(tio_runtime_is_resident(f->rt, 0));
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES);
+
+    run_kernels(f, 2, 3);
+    assert_int_equal(f->fw.n_release[0], 1);
+    assert_int_equal(f->fw.n_release[2], 1);
+    assert_int_equal(f->fw.n_release[1], 0);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.resident_bytes, T1_BYTES);
+    assert_int_equal(s.bytes_offloaded, (uint64_t)T0_BYTES + T2_BYTES);
+    assert_int_equal(s.bytes_offloaded_ssd, T0_BYTES);
+    assert_int_equal(s.bytes_offloaded_host, T2_BYTES);
+    assert_int_equal(s.n_offloads, 2);
+
+    run_kernels(f, 3, 4);
+    assert_int_equal(f->fw.n_allocate[0], 1);
+    assert_int_equal(f->fw.n_allocate[2], 1);
+    assert_true(tio_runtime_is_resident(f->rt, 2)); /* host tier: copied at once */
+    assert_true(has_pattern(f->fw.mem[2], T2_BYTES, 3));
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES);
+
+    run_kernels(f, 4, 6);
+    assert_true(tio_runtime_is_resident(f->rt, 0));
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
+    void *addr = NULL;
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, &addr), 0);
+    assert_ptr_equal(addr, f->fw.mem[0]);
+
+    s = stats_of(f);
+    assert_int_equal(s.bytes_prefetched, (uint64_t)T0_BYTES + T2_BYTES);
+    assert_int_equal(s.n_prefetches, 2);
+    assert_int_equal(s.bytes_fetched_urgent, 0);
+    assert_int_equal(s.stalls, 0);
+    assert_int_equal(s.stall_ns, 0);
+    assert_int_equal(s.offloads_refused, 0);
+    assert_int_equal(s.resident_bytes, ALL_BYTES);
+    assert_int_equal(s.peak_resident_bytes, ALL_BYTES);
+    assert_int_equal(s.iterations, 1);
+    assert_false(s.diverged);
+}
+
+/* The second iteration reuses the extent and stores the new contents. */
+static void test_second_iteration_stores_new_bytes(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 6);
+    fill_pattern(f->fw.mem[0], T0_BYTES, 9);
+    fill_pattern(f->fw.mem[2], T2_BYTES, 10);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 6);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 9));
+    assert_true(has_pattern(f->fw.mem[2], T2_BYTES, 10));
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.n_offloads, 4);
+    assert_int_equal(s.n_prefetches, 4);
+    assert_int_equal(s.bytes_offloaded_ssd, 2ull * T0_BYTES);
+    assert_int_equal(s.bytes_prefetched, 2ull * (T0_BYTES + T2_BYTES));
+    assert_int_equal(s.iterations, 1);
+    assert_int_equal(f->fw.n_release[0], 2);
+    assert_int_equal(f->fw.n_allocate[0], 2);
+}
+
+/* A tensor needed while offloaded is fetched at once and counted as a stall;
+ * the planned prefetch then finds it resident and does nothing. */
+static void test_ensure_resident_fetches_offloaded(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 3);
+    void *addr = NULL;
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, &addr), 1);
+    assert_ptr_equal(addr, f->fw.mem[0]);
+    assert_true(has_pattern(addr, T0_BYTES, 1));
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.stalls, 1);
+    assert_int_equal(s.bytes_fetched_urgent, T0_BYTES);
+    assert_int_equal(s.resident_bytes, (uint64_t)T0_BYTES + T1_BYTES);
+
+    run_kernels(f, 3, 6);
+    assert_int_equal(f->fw.n_allocate[0], 1);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
+    s = stats_of(f);
+    assert_int_equal(s.stalls, 1);
+    assert_int_equal(s.bytes_prefetched, T2_BYTES);
+    assert_int_equal(s.n_prefetches, 1);
+    assert_int_equal(s.peak_resident_bytes, ALL_BYTES);
+}
+
+/* A tensor used during its offload is never released at the deadline. */
+static void test_use_during_offload_cancels_release(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 2);
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, NULL), 0);
+    assert_true(tio_runtime_is_resident(f->rt, 0));
+    run_kernels(f, 2, 6);
+    assert_int_equal(f->fw.n_release[0], 0);
+    assert_int_equal(f->fw.n_allocate[0], 0);
+    assert_int_equal(f->fw.n_release[2], 1);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.stalls, 0);
+    assert_int_equal(s.resident_bytes, ALL_BYTES);
+}
+
+/* Wrong kernel name: one divergence, no planned migration after it, and
+ * offloaded tensors come back on demand with their bytes. */
+static void test_divergence_falls_back_to_on_demand(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 3);
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 3, "aten::unexpected"), 1);
+    tio_runtime_stats s = stats_of(f);
+    assert_true(s.diverged);
+    assert_int_equal(s.diverged_kernel, 3);
+    assert_int_equal(f->fw.n_allocate[0] + f->fw.n_allocate[2], 0);
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 4, "mm4"), 0);
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 5, "something else"), 0);
+    assert_int_equal(f->fw.n_allocate[0] + f->fw.n_allocate[2], 0);
+
+    void *addr = NULL;
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, &addr), 1);
+    assert_true(has_pattern(addr, T0_BYTES, 1));
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 2, &addr), 1);
+    assert_true(has_pattern(addr, T2_BYTES, 3));
+    s = stats_of(f);
+    assert_int_equal(s.stalls, 2);
+    assert_int_equal(s.bytes_fetched_urgent, (uint64_t)T0_BYTES + T2_BYTES);
+    assert_int_equal(s.bytes_prefetched, 0);
+    assert_int_equal(s.resident_bytes, ALL_BYTES);
+}
+
+/* Divergence while writes are in flight: they finish and are released. */
+static void test_divergence_finishes_in_flight_offloads(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 2);
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 2, "not mm2"), 1);
+    assert_int_equal(f->fw.n_release[0], 1);
+    assert_int_equal(f->fw.n_release[2], 1);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.resident_bytes, T1_BYTES);
+    assert_int_equal(s.n_offloads, 2);
+    assert_int_equal(s.diverged_kernel, 2);
+    void *addr = NULL;
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, &addr), 1);
+    assert_true(has_pattern(addr, T0_BYTES, 1));
+}
+
+/* A kernel index past the trace is a divergence too. */
+static void test_divergence_on_kernel_out_of_range(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 6, "extra"), 1);
+    tio_runtime_stats s = stats_of(f);
+    assert_true(s.diverged);
+    assert_int_equal(s.diverged_kernel, 6);
+}
+
+/* Host tier only, no engine at all. */
+static void test_host_tier_without_engine(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 3);
+    assert_int_equal(f->fw.n_release[2], 1);
+    assert_int_equal(stats_of(f).resident_bytes, (uint64_t)T0_BYTES + T1_BYTES);
+    run_kernels(f, 3, 6);
+    assert_true(has_pattern(f->fw.mem[2], T2_BYTES, 3));
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.bytes_offloaded_host, T2_BYTES);
+    assert_int_equal(s.bytes_offloaded_ssd, 0);
+    assert_int_equal(s.bytes_prefetched, T2_BYTES);
+    assert_int_equal(s.resident_bytes, ALL_BYTES);
+}
+
+/* No SSD space: the offload is refused and the tensor stays resident. */
+static void test_no_space_keeps_resident(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 6);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.offloads_refused, 1);
+    assert_int_equal(s.bytes_offloaded_ssd, 0);
+    assert_int_equal(f->fw.n_release[0], 0);
+    assert_int_equal(f->fw.n_allocate[0], 0);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
+    assert_int_equal(f->fw.n_release[2], 1);
+}
+
+/* An SSD write error surfaces at the offload deadline; the tensor is
+ * neither released nor changed. */
+static void test_write_error_keeps_tensor(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 2);
+    int rc = tio_runtime_kernel_begin(f->rt, 2, "mm2");
+    assert_int_equal(rc, -EIO);
+    assert_non_null(strstr(tio_last_error(), "tensor 0"));
+    assert_true(tio_runtime_is_resident(f->rt, 0));
+    assert_int_equal(f->fw.n_release[0], 0);
+    assert_int_equal(f->fw.n_release[2], 1);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
+    run_kernels(f, 3, 6);
+    assert_int_equal(f->fw.n_allocate[0], 0);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.bytes_offloaded_ssd, 0);
+    assert_int_equal(s.resident_bytes, ALL_BYTES);
+}
+
+/* An SSD read error surfaces at the prefetch deadline; the tensor stays
+ * offloaded (its fresh memory given back) and a later fetch succeeds. */
+static void test_read_error_then_fetch_on_demand(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 4);
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 4, "mm4"), 0);
+    int rc = tio_runtime_kernel_begin(f->rt, 5, "loss");
+    assert_int_equal(rc, -EIO);
+    assert_non_null(strstr(tio_last_error(), "tensor 0"));
+    assert_false(tio_runtime_is_resident(f->rt, 0));
+    assert_int_equal(f->fw.n_allocate[0], 1);
+    assert_int_equal(f->fw.n_release[0], 2);
+    assert_int_equal(stats_of(f).resident_bytes, (uint64_t)T1_BYTES + T2_BYTES);
+    void *addr = NULL;
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, &addr), 1);
+    assert_true(has_pattern(addr, T0_BYTES, 1));
+    assert_int_equal(stats_of(f).bytes_fetched_urgent, T0_BYTES);
+}
+
+/* fetch_all brings everything back, without counting stalls. */
+static void test_fetch_all(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 3);
+    assert_int_equal(tio_runtime_fetch_all(f->rt), 0);
+    for (uint32_t t = 0; t < N_TENSORS; t++) {
+        assert_true(tio_runtime_is_resident(f->rt, t));
+        assert_true(has_pattern(f->fw.mem[t], tensor_bytes[t], t + 1));
+    }
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.stalls, 0);
+    assert_int_equal(s.bytes_fetched_urgent, (uint64_t)T0_BYTES + T2_BYTES);
+    assert_int_equal(s.resident_bytes, ALL_BYTES);
+}
+
+/* Unbinding an offloaded tensor drops its copy; its prefetch is skipped;
+ * binding it again counts it resident. */
+static void test_unbind_and_rebind(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 3);
+    assert_int_equal(tio_runtime_tensor_unbind(f->rt, 0), 0);
+    assert_int_equal(stats_of(f).resident_bytes, T1_BYTES);
+    run_kernels(f, 3, 6);
+    assert_int_equal(f->fw.n_allocate[0], 0);
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, NULL), TIO_EUNKNOWN);
+    assert_int_equal(tio_runtime_tensor_unbind(f->rt, 0), TIO_EUNKNOWN);
+
+    f->fw.mem[0] = malloc(T0_BYTES);
+    assert_non_null(f->fw.mem[0]);
+    fill_pattern(f->fw.mem[0], T0_BYTES, 5);
+    assert_int_equal(tio_runtime_tensor_bind(f->rt, 0, f->fw.mem[0], T0_BYTES), 0);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 6);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 5));
+    assert_int_equal(f->fw.n_allocate[0], 1);
+}
+
+/* Unbinding a tensor whose write is in flight waits for it. */
+static void test_unbind_during_write(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 2);
+    assert_int_equal(tio_runtime_tensor_unbind(f->rt, 0), 0);
+    assert_int_equal(stats_of(f).resident_bytes, (uint64_t)T1_BYTES + T2_BYTES);
+    run_kernels(f, 2, 6);
+    assert_int_equal(f->fw.n_release[0], 0);
+    assert_int_equal(f->fw.n_allocate[0], 0);
+}
+
+/* Destroying the runtime with a write in flight waits for it (ASan would
+ * see the buffer freed under the engine otherwise). */
+static void test_destroy_with_io_in_flight(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 2);
+    tio_runtime_destroy(f->rt);
+    f->rt = NULL;
+}
+
+static void test_bind_errors(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(tio_runtime_tensor_bind(f->rt, 0, f->fw.mem[0], T0_BYTES + 1), -EINVAL);
+    assert_int_equal(tio_runtime_tensor_bind(f->rt, 3, f->fw.mem[0], T0_BYTES), TIO_EUNKNOWN);
+    assert_non_null(strstr(tio_last_error(), "tensor 3"));
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 7, NULL), TIO_EUNKNOWN);
+    assert_false(tio_runtime_is_resident(f->rt, 7));
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES);
+    assert_int_equal(stats_of(f).peak_resident_bytes, ALL_BYTES);
+}
+
+static int create_with(tio_migration m, tio_engine *engine)
+{
+    tio_trace *tr = make_trace();
+    tio_plan plan;
+    plan_init(&plan, &m, 1);
+    fake_framework fw = {0};
+    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release};
+    tio_runtime *rt = NULL;
+    int rc = tio_runtime_create(&plan, tr, engine, &cb, &rt);
+    tio_runtime_destroy(rt);
+    tio_trace_destroy(tr);
+    return rc;
+}
+
+static void test_create_rejects_bad_plans(void **state)
+{
+    (void)state;
+    tio_migration m = migration(2, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_HOST);
+    assert_int_equal(create_with(m, NULL), 0);
+
+    m.tensor = 7;
+    assert_int_equal(create_with(m, NULL), TIO_EUNKNOWN);
+    assert_non_null(strstr(tio_last_error(), "tensor 7"));
+
+    m = migration(2, TIO_MIGRATION_OFFLOAD, 1, 6, TIO_TIER_HOST);
+    assert_int_equal(create_with(m, NULL), -EINVAL);
+    m = migration(2, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_HOST);
+    m.bytes = 4096;
+    assert_int_equal(create_with(m, NULL), -EINVAL);
+    m = migration(0, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_SSD);
+    assert_int_equal(create_with(m, NULL), -EINVAL);
+    m = migration(0, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_DEVICE);
+    assert_int_equal(create_with(m, NULL), -EINVAL);
+}
+
+#define BOTH_BACKENDS(fn)                                                  \
+    {#fn "/psync", fn, setup_psync, fixture_teardown, NULL},               \
+        {#fn "/auto", fn, setup_auto, fixture_teardown, NULL}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        BOTH_BACKENDS(test_round_trip),
+        BOTH_BACKENDS(test_second_iteration_stores_new_bytes),
+        BOTH_BACKENDS(test_ensure_resident_fetches_offloaded),
+        BOTH_BACKENDS(test_use_during_offload_cancels_release),
+        BOTH_BACKENDS(test_divergence_falls_back_to_on_demand),
+        BOTH_BACKENDS(test_divergence_finishes_in_flight_offloads),
+        BOTH_BACKENDS(test_fetch_all),
+        BOTH_BACKENDS(test_unbind_and_rebind),
+        BOTH_BACKENDS(test_unbind_during_write),
+        BOTH_BACKENDS(test_destroy_with_io_in_flight),
+        cmocka_unit_test_setup_teardown(test_divergence_on_kernel_out_of_range, setup_psync,
+                                        fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_bind_errors, setup_psync, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_host_tier_without_engine, setup_host_only,
+                                        fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_no_space_keeps_resident, setup_small_engine,
+                                        fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_write_error_keeps_tensor, setup_write_fault,
+                                        fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_read_error_then_fetch_on_demand, setup_read_fault,
+                                        fixture_teardown),
+        cmocka_unit_test(test_create_rejects_bad_plans),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
