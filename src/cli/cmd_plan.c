@@ -1,0 +1,194 @@
+/*
+ * cli/cmd_plan.c — `teraio plan`: trace -> lifetime analysis -> plan file.
+ *
+ * Runs planner v1 (TERAIO's Algorithm 1) and always writes the plan it got
+ * to, even when that plan cannot bring the planned peak down to the
+ * capacity: the file is still useful to inspect and simulate.  The exit
+ * status says whether it fits, so scripts can rely on it:
+ *   0  plan written and it fits the capacity;
+ *   1  plan written but does not fit (one warning line on stderr), or the
+ *      trace could not be read, or the capacity is below a kernel's need;
+ *   2  usage error (missing option, malformed number).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "teraio/teraio.h"
+
+static const char *const CMD = "plan";
+
+static void plan_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: teraio plan TRACE --capacity BYTES [options] -o PLAN\n"
+        "\n"
+        "Plan which tensors to offload to SSD or host memory, and when, so that\n"
+        "the memory every kernel needs stays within BYTES (TERAIO's Algorithm 1).\n"
+        "\n"
+        "  --capacity BYTES         device memory budget (required), e.g. 80G, 500MB\n"
+        "  --ssd-read-gbps R        SSD read bandwidth in GB/s (default 2.0)\n"
+        "  --ssd-write-gbps W       SSD write bandwidth in GB/s (default 1.5)\n"
+        "  --host-to-device-gbps R  host tier read bandwidth (default: as SSD read)\n"
+        "  --device-to-host-gbps W  host tier write bandwidth (default: as SSD write)\n"
+        "  --host-cap BYTES         host memory the plan may use (default 0: none)\n"
+        "  -o, --output PLAN        plan file to write (required)\n"
+        "  -h, --help               show this help\n"
+        "\n"
+        "BYTES takes K/M/G/T (powers of 1024) or KB/MB/GB/TB (powers of 1000).\n"
+        "Exit status: 0 the plan fits the capacity; 1 the plan was written but its\n"
+        "planned peak is above the capacity (a warning says so), or an error\n"
+        "(unreadable trace, capacity below a single kernel's need); 2 bad usage.\n");
+}
+
+/* One line on stderr for a usage mistake; exit status 2. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "teraio plan: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (try 'teraio plan --help')\n");
+    return 2;
+}
+
+typedef struct {
+    const char *trace_path;
+    const char *out_path;
+    bool have_capacity;
+    tio_plan_options opt;
+} plan_args;
+
+/* "--name VALUE" or "--name=VALUE": the value, advancing *i; NULL if absent. */
+static const char *option_value(int argc, char **argv, int *i, const char *name, bool *matched)
+{
+    size_t n = strlen(name);
+    *matched = false;
+    if (strncmp(argv[*i], name, n) != 0)
+        return NULL;
+    if (argv[*i][n] == '=') {
+        *matched = true;
+        return argv[*i] + n + 1;
+    }
+    if (argv[*i][n] != '\0')
+        return NULL;
+    *matched = true;
+    return *i + 1 < argc ? argv[++*i] : NULL;
+}
+
+/* Parse the arguments; returns 0, or the exit status after printing. */
+static int parse_args(int argc, char **argv, plan_args *a)
+{
+    memset(a, 0, sizeof *a);
+    tio_plan_options_default(&a->opt);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v;
+        bool m;
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            plan_usage(stdout);
+            return -1;
+        }
+        if ((v = option_value(argc, argv, &i, "--capacity", &m)), m) {
+            if (!v || !cli_parse_bytes(v, &a->opt.capacity_bytes) || a->opt.capacity_bytes == 0)
+                return usage_error("--capacity: expected a positive byte count, got '%s'",
+                                   v ? v : "");
+            a->have_capacity = true;
+        } else if ((v = option_value(argc, argv, &i, "--host-cap", &m)), m) {
+            if (!v || !cli_parse_bytes(v, &a->opt.host_cap_bytes))
+                return usage_error("--host-cap: expected a byte count, got '%s'", v ? v : "");
+        } else if ((v = option_value(argc, argv, &i, "--ssd-read-gbps", &m)), m) {
+            if (!v || !cli_parse_positive(v, &a->opt.ssd_read_gbps))
+                return usage_error("--ssd-read-gbps: expected a positive number, got '%s'",
+                                   v ? v : "");
+        } else if ((v = option_value(argc, argv, &i, "--ssd-write-gbps", &m)), m) {
+            if (!v || !cli_parse_positive(v, &a->opt.ssd_write_gbps))
+                return usage_error("--ssd-write-gbps: expected a positive number, got '%s'",
+                                   v ? v : "");
+        } else if ((v = option_value(argc, argv, &i, "--host-to-device-gbps", &m)), m) {
+            if (!v || !cli_parse_positive(v, &a->opt.host_to_device_gbps))
+                return usage_error("--host-to-device-gbps: expected a positive number, got '%s'",
+                                   v ? v : "");
+        } else if ((v = option_value(argc, argv, &i, "--device-to-host-gbps", &m)), m) {
+            if (!v || !cli_parse_positive(v, &a->opt.device_to_host_gbps))
+                return usage_error("--device-to-host-gbps: expected a positive number, got '%s'",
+                                   v ? v : "");
+        } else if (((v = option_value(argc, argv, &i, "--output", &m)), m) ||
+                   ((v = option_value(argc, argv, &i, "-o", &m)), m)) {
+            if (!v || !*v)
+                return usage_error("%s: expected a file name", arg);
+            a->out_path = v;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            return usage_error("unknown option '%s'", arg);
+        } else if (a->trace_path) {
+            return usage_error("unexpected argument '%s': one TRACE only", arg);
+        } else {
+            a->trace_path = arg;
+        }
+    }
+    if (!a->trace_path)
+        return usage_error("missing TRACE");
+    if (!a->have_capacity)
+        return usage_error("missing --capacity BYTES");
+    if (!a->out_path)
+        return usage_error("missing -o PLAN");
+    return 0;
+}
+
+static void print_summary(const plan_args *a, const tio_trace *trace, const tio_lifetime *lt,
+                          const tio_plan *plan)
+{
+    char b1[32], b2[32];
+    uint32_t offloads = 0;
+    for (uint32_t i = 0; i < plan->n_migrations; i++)
+        offloads += plan->migrations[i].kind == TIO_MIGRATION_OFFLOAD;
+    printf("trace           %s (%u kernels, %u tensors, %u inactive periods)\n", a->trace_path,
+           trace->n_kernels, trace->n_tensors, lt->n_periods);
+    printf("peak before     %s (kernel %u)\n", cli_format_bytes(lt->peak_bytes, b1),
+           lt->peak_kernel);
+    printf("capacity        %s\n", cli_format_bytes(plan->capacity_bytes, b1));
+    printf("planned peak    %s\n", cli_format_bytes(plan->planned_peak_bytes, b1));
+    printf("migrations      %u (%u offloads, %u prefetches)\n", plan->n_migrations, offloads,
+           plan->n_migrations - offloads);
+    printf("per iteration   %s to ssd, %s to host\n", cli_format_bytes(plan->bytes_to_ssd, b1),
+           cli_format_bytes(plan->bytes_to_host, b2));
+    printf("peak host       %s\n", cli_format_bytes(plan->peak_host_bytes, b1));
+    printf("planning time   %.3f s\n", plan->plan_seconds);
+    printf("fits            %s\n", plan->fits ? "yes" : "no");
+    printf("plan written    %s\n", a->out_path);
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    plan_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    tio_trace *trace = NULL;
+    tio_lifetime *lt = NULL;
+    tio_plan *plan = NULL;
+    int status = 0;
+    if ((rc = tio_trace_load(a.trace_path, &trace)) ||
+        (rc = tio_lifetime_analyze(trace, &lt)) ||
+        (rc = tio_plan_build(trace, lt, &a.opt, &plan)) ||
+        (rc = tio_plan_save(plan, a.out_path))) {
+        status = cli_lib_error(CMD, rc);
+    } else {
+        print_summary(&a, trace, lt, plan);
+        fflush(stdout);
+        if (!plan->fits) {
+            char peak[32], cap[32];
+            status = cli_error(CMD, "warning: plan written to %s does not fit: planned peak %s "
+                               "is above the capacity %s (not enough idle time or bandwidth)",
+                               a.out_path, cli_format_bytes(plan->planned_peak_bytes, peak),
+                               cli_format_bytes(plan->capacity_bytes, cap));
+        }
+    }
+    tio_plan_destroy(plan);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(trace);
+    return status;
+}
