@@ -197,10 +197,11 @@ static void complete(tio_runtime *rt, const tio_completion *c)
     io_kind kind = t->io;
     t->io = IO_NONE;
     if (c->result < 0) {
-        char msg[512];
+        const char *why = tio_engine_completion_error(rt->engine, c->tag);
+        char msg[1024];
         snprintf(msg, sizeof msg, "tensor %u: SSD %s of %llu bytes failed: %s", id,
                  kind == IO_WRITE ? "write" : "read", (unsigned long long)t->bytes,
-                 tio_strerror(c->result));
+                 why[0] ? why : tio_strerror(c->result));
         set_pending_error(t, c->result, msg);
         if (kind == IO_WRITE) {
             if (t->state == TENSOR_OFFLOADING)

@@ -36,6 +36,7 @@ static const char *const kernel_names[] = {"embed", "mm1", "mm2", "mm3", "mm4", 
 
 /* The framework's allocator, as the runtime sees it through callbacks. */
 typedef struct {
+    uint64_t bytes[N_TENSORS]; /* size each allocation must have */
     void *mem[N_TENSORS];
     int n_allocate[N_TENSORS];
     int n_release[N_TENSORS];
@@ -46,7 +47,7 @@ static int fw_allocate(void *ctx, uint32_t tensor, uint64_t bytes, void **addr)
     fake_framework *fw = ctx;
     assert_true(tensor < N_TENSORS);
     assert_null(fw->mem[tensor]);
-    assert_int_equal(bytes, tensor_bytes[tensor]);
+    assert_int_equal(bytes, fw->bytes[tensor]);
     fw->mem[tensor] = malloc(bytes);
     if (!fw->mem[tensor])
         return -ENOMEM;
@@ -194,6 +195,7 @@ static int fixture_setup(void **state, const fixture_options *opt)
     f->cb = (tio_runtime_callbacks){.ctx = &f->fw, .allocate = fw_allocate, .release = fw_release};
     assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
     for (uint32_t t = 0; t < N_TENSORS; t++) {
+        f->fw.bytes[t] = tensor_bytes[t];
         f->fw.mem[t] = malloc(tensor_bytes[t]);
         assert_non_null(f->fw.mem[t]);
         fill_pattern(f->fw.mem[t], tensor_bytes[t], t + 1);
@@ -473,7 +475,8 @@ static void test_write_error_keeps_tensor(void **state)
     run_kernels(f, 0, 2);
     int rc = tio_runtime_kernel_begin(f->rt, 2, "mm2");
     assert_int_equal(rc, -EIO);
-    assert_non_null(strstr(tio_last_error(), "tensor 0"));
+    assert_non_null(strstr(tio_last_error(), "tensor 0: SSD write"));
+    assert_non_null(strstr(tio_last_error(), "Input/output error"));
     assert_true(tio_runtime_is_resident(f->rt, 0));
     assert_int_equal(f->fw.n_release[0], 0);
     assert_int_equal(f->fw.n_release[2], 1);
@@ -494,7 +497,8 @@ static void test_read_error_then_fetch_on_demand(void **state)
     assert_int_equal(tio_runtime_kernel_begin(f->rt, 4, "mm4"), 0);
     int rc = tio_runtime_kernel_begin(f->rt, 5, "loss");
     assert_int_equal(rc, -EIO);
-    assert_non_null(strstr(tio_last_error(), "tensor 0"));
+    assert_non_null(strstr(tio_last_error(), "tensor 0: SSD read"));
+    assert_non_null(strstr(tio_last_error(), "Input/output error"));
     assert_false(tio_runtime_is_resident(f->rt, 0));
     assert_int_equal(f->fw.n_allocate[0], 1);
     assert_int_equal(f->fw.n_release[0], 2);
@@ -614,6 +618,91 @@ static void test_create_rejects_bad_plans(void **state)
     assert_int_equal(create_with(m, NULL), -EINVAL);
 }
 
+/* A global tensor G (64 KiB + 1) used only by kernel 2 of 4 has one
+ * wrap-around inactive period: offload triggered at 3, done by kernel 0 of
+ * the next iteration; prefetch triggered at 1, done by 2.  In the first
+ * iteration the deadline at 0 and the prefetch at 1 find G resident and are
+ * skipped; from the second iteration on G leaves and comes back. */
+static void test_wrap_around_period(void **state)
+{
+    (void)state;
+    const uint64_t g_bytes = 65537;
+    static const char *const names[4] = {"a", "b", "use_g", "d"};
+    tio_trace *tr;
+    assert_int_equal(tio_trace_create("wrap", &tr), 0);
+    uint32_t g;
+    assert_int_equal(tio_trace_add_tensor(tr, g_bytes, TIO_KIND_PARAMETER, true, "g", &g), 0);
+    for (uint32_t k = 0; k < 4; k++) {
+        assert_int_equal(tio_trace_add_kernel(tr, names[k], 1000), 0);
+        if (k == 2)
+            assert_int_equal(tio_trace_add_access(tr, g, TIO_ACCESS_READ), 0);
+    }
+    tio_migration m[2] = {
+        {.tensor = g, .kind = TIO_MIGRATION_PREFETCH, .trigger_kernel = 1, .deadline_kernel = 2,
+         .tier = TIO_TIER_SSD, .bytes = g_bytes},
+        {.tensor = g, .kind = TIO_MIGRATION_OFFLOAD, .trigger_kernel = 3, .deadline_kernel = 0,
+         .tier = TIO_TIER_SSD, .bytes = g_bytes},
+    };
+    tio_plan plan;
+    plan_init(&plan, m, 2);
+    plan.n_kernels = 4;
+    plan.n_tensors = 1;
+
+    char dir[4096];
+    make_dir(dir, sizeof dir);
+    tio_engine_options eo;
+    tio_engine_options_default(&eo);
+    const char *dirs[1] = {dir};
+    eo.dirs = dirs;
+    eo.n_dirs = 1;
+    eo.capacity_bytes = 1u << 20;
+    tio_engine *engine;
+    assert_int_equal(tio_engine_create(&eo, &engine), 0);
+
+    fake_framework fw = {.bytes = {g_bytes}};
+    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release};
+    tio_runtime *rt;
+    assert_int_equal(tio_runtime_create(&plan, tr, engine, &cb, &rt), 0);
+    fw.mem[0] = malloc(g_bytes);
+    assert_non_null(fw.mem[0]);
+    fill_pattern(fw.mem[0], g_bytes, 42);
+    assert_int_equal(tio_runtime_tensor_bind(rt, g, fw.mem[0], g_bytes), 0);
+
+    for (int it = 0; it < 3; it++) {
+        assert_int_equal(tio_runtime_iteration_begin(rt), 0);
+        for (uint32_t k = 0; k < 4; k++) {
+            assert_int_equal(tio_runtime_kernel_begin(rt, k, names[k]), 0);
+            if (k == 0)
+                assert_int_equal(tio_runtime_is_resident(rt, g), it == 0);
+            if (k == 2) {
+                void *addr = NULL;
+                assert_int_equal(tio_runtime_ensure_resident(rt, g, &addr), 0);
+                assert_true(has_pattern(addr, g_bytes, 42));
+            }
+        }
+    }
+    /* Offloads at the end of iterations 0, 1, 2 (fetch_all waits for the
+     * last write and keeps G resident); releases and prefetches in
+     * iterations 1 and 2. */
+    assert_int_equal(tio_runtime_fetch_all(rt), 0);
+    assert_true(tio_runtime_is_resident(rt, g));
+    tio_runtime_stats s;
+    tio_runtime_get_stats(rt, &s);
+    assert_int_equal(s.n_offloads, 3);
+    assert_int_equal(s.n_prefetches, 2);
+    assert_int_equal(fw.n_release[0], 2);
+    assert_int_equal(fw.n_allocate[0], 2);
+    assert_int_equal(s.stalls, 0);
+    assert_int_equal(s.iterations, 3);
+    assert_int_equal(s.peak_resident_bytes, g_bytes);
+
+    tio_runtime_destroy(rt);
+    tio_engine_destroy(engine);
+    rmdir(dir);
+    free(fw.mem[0]);
+    tio_trace_destroy(tr);
+}
+
 #define BOTH_BACKENDS(fn)                                                  \
     {#fn "/psync", fn, setup_psync, fixture_teardown, NULL},               \
         {#fn "/auto", fn, setup_auto, fixture_teardown, NULL}
@@ -643,6 +732,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_read_error_then_fetch_on_demand, setup_read_fault,
                                         fixture_teardown),
         cmocka_unit_test(test_create_rejects_bad_plans),
+        cmocka_unit_test(test_wrap_around_period),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
