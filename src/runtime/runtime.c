@@ -470,6 +470,7 @@ int tio_runtime_ensure_resident(tio_runtime *rt, uint32_t tensor, void **addr)
     rc = reap(rt, 0);
     if (rc < 0)
         return tio_fail(rc, "tensor %u: reaping the engine: %s", tensor, tio_last_error());
+    rc = 0;
     rt_tensor *t = &rt->tensors[tensor];
     int result = 0;
     if (t->state == TENSOR_OFFLOADING) {

@@ -366,6 +366,27 @@ static void test_ensure_resident_fetches_offloaded(void **state)
     assert_int_equal(s.peak_resident_bytes, ALL_BYTES);
 }
 
+/* A tensor needed while its prefetch is in flight: ensure_resident waits
+ * (a stall) or finds the read already done (no stall); either way the bytes
+ * are there when it returns.  Which one happens depends on the disk. */
+static void test_ensure_resident_during_prefetch(void **state)
+{
+    fixture *f = *state;
+    run_kernels(f, 0, 4);
+    void *addr = NULL;
+    int rc = tio_runtime_ensure_resident(f->rt, 0, &addr);
+    assert_true(rc == 0 || rc == 1);
+    assert_ptr_equal(addr, f->fw.mem[0]);
+    assert_true(has_pattern(addr, T0_BYTES, 1));
+    assert_true(tio_runtime_is_resident(f->rt, 0));
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.stalls, (uint64_t)rc);
+    assert_int_equal(s.bytes_prefetched, (uint64_t)T0_BYTES + T2_BYTES);
+    assert_int_equal(s.bytes_fetched_urgent, 0);
+    run_kernels(f, 4, 6);
+    assert_int_equal(f->fw.n_allocate[0], 1);
+}
+
 /* A tensor used during its offload is never released at the deadline. */
 static void test_use_during_offload_cancels_release(void **state)
 {
@@ -713,6 +734,7 @@ int main(void)
         BOTH_BACKENDS(test_round_trip),
         BOTH_BACKENDS(test_second_iteration_stores_new_bytes),
         BOTH_BACKENDS(test_ensure_resident_fetches_offloaded),
+        BOTH_BACKENDS(test_ensure_resident_during_prefetch),
         BOTH_BACKENDS(test_use_during_offload_cancels_release),
         BOTH_BACKENDS(test_divergence_falls_back_to_on_demand),
         BOTH_BACKENDS(test_divergence_finishes_in_flight_offloads),
