@@ -50,6 +50,8 @@ typedef struct tio_lifetime {
     uint64_t *start_ns;          /* [n_kernels + 1] prefix sums of durations */
     uint32_t n_periods;
     tio_inactive_period *periods;/* [n_periods], sorted by (tensor, last_use) */
+    uint64_t *tensor_bytes;      /* [n_tensors] size of each tensor (copied from the
+                                    trace, for the size statistics) */
 } tio_lifetime;
 
 /* Analyse a valid trace.  Returns 0, TIO_EPARSE (trace fails validation),

@@ -1,0 +1,201 @@
+/*
+ * cli/cmd_analyze.c — `teraio analyze TRACE`: the lifetime analysis of one
+ * traced iteration, as a short report or (with --json) one JSON object.
+ *
+ * It prints what a person sizing a run needs first: the peak of the memory
+ * curve M[k] (what the GPU would need without offloading), the largest
+ * per-kernel working set (no capacity below it can work), how small the
+ * active share is (the TERAIO paper's 1.7% observation), the tensor size
+ * histogram and how many inactive periods are long enough to hide an SSD
+ * round trip at the given bandwidths.  All numbers come from
+ * tio_lifetime_analyze / tio_lifetime_stats_compute; this file only parses
+ * options and formats.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "teraio/teraio.h"
+
+#define CMD "analyze"
+
+static const char *const bucket_labels[TIO_SIZE_BUCKETS] = {
+    "<1MiB", "<4MiB", "<16MiB", "<64MiB", "<256MiB", "<1GiB", "<4GiB", ">=4GiB",
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: teraio analyze TRACE [--ssd-read-gbps R] [--ssd-write-gbps W] [--json]\n"
+            "\n"
+            "Lifetime analysis of a trace file (docs/formats.md, teraio-trace 1):\n"
+            "peak of the memory curve, largest per-kernel working set, active share of\n"
+            "the peak, tensor size histogram, and the inactive periods long enough to\n"
+            "write a tensor to SSD and read it back.\n"
+            "\n"
+            "  --ssd-read-gbps R   SSD read bandwidth in GB/s (1e9 B/s), default 2.0\n"
+            "  --ssd-write-gbps W  SSD write bandwidth in GB/s, default 1.5\n"
+            "  --json              print one JSON object instead of the report\n"
+            "  -h, --help          show this help\n");
+}
+
+/* A usage error: one line on stderr, exit status 2. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "teraio " CMD ": ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (try 'teraio " CMD " --help')\n");
+    return 2;
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static uint32_t count_global(const tio_trace *trace)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < trace->n_tensors; i++)
+        n += trace->tensors[i].global;
+    return n;
+}
+
+typedef struct {
+    const char *path;
+    double read_gbps, write_gbps;
+    bool json;
+} analyze_options;
+
+static void print_json(const analyze_options *o, const tio_trace *trace, const tio_lifetime *lt,
+                       const tio_lifetime_stats *st)
+{
+    printf("{\"trace\": ");
+    json_string(stdout, o->path);
+    printf(", \"model\": ");
+    if (trace->model)
+        json_string(stdout, trace->model);
+    else
+        printf("null");
+    printf(", \"kernels\": %u, \"tensors\": %u, \"global_tensors\": %u, \"accesses\": %u",
+           trace->n_kernels, trace->n_tensors, count_global(trace), trace->n_accesses);
+    printf(", \"iteration_ns\": %llu", (unsigned long long)tio_trace_iteration_ns(trace));
+    printf(", \"peak_bytes\": %llu, \"peak_kernel\": %u", (unsigned long long)lt->peak_bytes,
+           lt->peak_kernel);
+    printf(", \"max_active_bytes\": %llu", (unsigned long long)lt->max_active_bytes);
+    printf(", \"mean_active_share\": %.6g, \"max_active_share\": %.6g", st->mean_active_share,
+           st->max_active_share);
+    printf(", \"size_histogram\": [");
+    for (int b = 0; b < TIO_SIZE_BUCKETS; b++) {
+        printf("%s{\"below_bytes\": ", b ? ", " : "");
+        if (b == TIO_SIZE_BUCKETS - 1)
+            printf("null");
+        else
+            printf("%llu", (unsigned long long)st->size_bucket_limit[b]);
+        printf(", \"tensors\": %u}", st->size_bucket_count[b]);
+    }
+    printf("], \"ssd_read_gbps\": %.6g, \"ssd_write_gbps\": %.6g", o->read_gbps, o->write_gbps);
+    printf(", \"inactive_periods\": %u, \"long_periods\": %u", st->n_periods, st->n_periods_long);
+    printf(", \"long_period_share\": %.6g, \"long_period_bytes_share\": %.6g}\n",
+           st->long_period_share, st->long_period_bytes_share);
+}
+
+static void print_report(const analyze_options *o, const tio_trace *trace,
+                         const tio_lifetime *lt, const tio_lifetime_stats *st)
+{
+    char b1[32], b2[32];
+    uint32_t globals = count_global(trace);
+    printf("trace             %s\n", o->path);
+    if (trace->model)
+        printf("model             %s\n", trace->model);
+    printf("kernels           %u (iteration %.3f ms)\n", trace->n_kernels,
+           (double)tio_trace_iteration_ns(trace) / 1e6);
+    printf("tensors           %u (%u global, %u intermediate), %u accesses\n", trace->n_tensors,
+           globals, trace->n_tensors - globals, trace->n_accesses);
+    if (trace->n_kernels > 0)
+        printf("peak memory M     %s at kernel %u (%s)\n", cli_format_bytes(lt->peak_bytes, b1),
+               lt->peak_kernel, trace->kernels[lt->peak_kernel].name);
+    printf("max active        %s (floor on capacity)\n",
+           cli_format_bytes(lt->max_active_bytes, b2));
+    printf("active share      mean %.2f%%, max %.2f%% of peak\n", 100 * st->mean_active_share,
+           100 * st->max_active_share);
+    printf("tensor sizes     ");
+    for (int b = 0; b < TIO_SIZE_BUCKETS; b++)
+        printf(" %s: %u", bucket_labels[b], st->size_bucket_count[b]);
+    printf("\n");
+    printf("inactive periods  %u, %u (%.1f%%; %.1f%% of bytes) longer than an SSD round trip "
+           "at %.3g GB/s read, %.3g GB/s write\n",
+           st->n_periods, st->n_periods_long, 100 * st->long_period_share,
+           100 * st->long_period_bytes_share, o->read_gbps, o->write_gbps);
+}
+
+/* Returns 0 when options are complete, 2 after a usage error, -1 for --help. */
+static int parse_options(int argc, char **argv, analyze_options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return -1;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "--ssd-read-gbps") || !strcmp(a, "--ssd-write-gbps")) {
+            double *dst = a[6] == 'r' ? &o->read_gbps : &o->write_gbps;
+            if (i + 1 >= argc)
+                return usage_error("option %s needs a value in GB/s", a);
+            if (!cli_parse_positive(argv[++i], dst))
+                return usage_error("expected a positive number of GB/s, got '%s'", argv[i]);
+        } else if (a[0] == '-' && a[1] != '\0') {
+            return usage_error("unknown option '%s'", a);
+        } else if (o->path) {
+            return usage_error("unexpected argument '%s' (one TRACE only)", a);
+        } else {
+            o->path = a;
+        }
+    }
+    if (!o->path)
+        return usage_error("missing TRACE argument");
+    return 0;
+}
+
+int cmd_analyze(int argc, char **argv)
+{
+    analyze_options o = {.read_gbps = 2.0, .write_gbps = 1.5};
+    int rc = parse_options(argc, argv, &o);
+    if (rc == -1) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc)
+        return rc;
+
+    tio_trace *trace = NULL;
+    tio_lifetime *lt = NULL;
+    tio_lifetime_stats st;
+    if ((rc = tio_trace_load(o.path, &trace)) || (rc = tio_lifetime_analyze(trace, &lt)) ||
+        (rc = tio_lifetime_stats_compute(lt, o.read_gbps, o.write_gbps, &st))) {
+        tio_lifetime_destroy(lt);
+        tio_trace_destroy(trace);
+        return cli_lib_error(CMD, rc);
+    }
+    if (o.json)
+        print_json(&o, trace, lt, &st);
+    else
+        print_report(&o, trace, lt, &st);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(trace);
+    return 0;
+}

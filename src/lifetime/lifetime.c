@@ -1,0 +1,263 @@
+/*
+ * lifetime/lifetime.c — inactive periods, the memory curve M[k] and the
+ * TERAIO paper's statistics (arXiv 2506.06472, §2), from a trace.
+ *
+ * Everything is O(kernels + tensors + accesses), in a few linear passes:
+ *   1. prefix sums of kernel durations (start_ns), so the idle time of any
+ *      kernel range is one subtraction;
+ *   2. one walk over the accesses in kernel order gives each tensor's first
+ *      and last use and the bytes each kernel touches;
+ *   3. M[k] from a difference array: an intermediate tensor adds its bytes at
+ *      its first use and removes them after its last; global tensors add a
+ *      constant;
+ *   4. a counting sort of the accesses by tensor gives each tensor's uses in
+ *      kernel order, and periods come from consecutive uses.  Walking
+ *      tensors in id order and uses in kernel order, with the wrap-around
+ *      period (whose last_use is the tensor's last use) emitted last, yields
+ *      the periods already sorted by (tensor, last_use): no sort needed.
+ *
+ * One rule is applied uniformly: a period needs at least one kernel strictly
+ * between its two uses (next_use - last_use >= 2).  So a global tensor used
+ * once in a one-kernel trace has no period: nothing runs while it is idle.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "teraio/lifetime.h"
+
+void tio_lifetime_destroy(tio_lifetime *lt)
+{
+    if (!lt)
+        return;
+    free(lt->memory_bytes);
+    free(lt->active_bytes);
+    free(lt->first_use);
+    free(lt->last_use);
+    free(lt->start_ns);
+    free(lt->periods);
+    free(lt->tensor_bytes);
+    free(lt);
+}
+
+/* Position in ns of the start of kernel x, where x may lie in a later
+ * iteration (x >= n_kernels).  Saturates at UINT64_MAX. */
+static uint64_t position_ns(const tio_lifetime *lt, uint64_t x)
+{
+    uint64_t n = lt->n_kernels, iterations = x / n, at;
+    if (__builtin_mul_overflow(iterations, lt->start_ns[n], &at) ||
+        __builtin_add_overflow(at, lt->start_ns[x % n], &at))
+        return UINT64_MAX;
+    return at;
+}
+
+uint64_t tio_lifetime_span_ns(const tio_lifetime *lt, uint64_t from, uint64_t to)
+{
+    if (!lt || lt->n_kernels == 0 || from >= to)
+        return 0;
+    return position_ns(lt, to) - position_ns(lt, from);
+}
+
+static void *alloc_array(size_t n, size_t elem)
+{
+    return malloc((n ? n : 1) * elem);
+}
+
+/* Passes 1 to 3: start_ns, first/last use, active bytes, M[k]. */
+static void compute_curves(const tio_trace *tr, tio_lifetime *lt, uint64_t *delta)
+{
+    uint32_t n = tr->n_kernels;
+    lt->start_ns[0] = 0;
+    for (uint32_t k = 0; k < n; k++)
+        lt->start_ns[k + 1] = lt->start_ns[k] + tr->kernels[k].duration_ns;
+
+    memset(lt->first_use, 0xff, tr->n_tensors * sizeof *lt->first_use);
+    for (uint32_t k = 0; k < n; k++) {
+        const tio_trace_kernel *kern = &tr->kernels[k];
+        const tio_trace_access *a = tr->accesses + kern->first_access;
+        uint64_t active = 0;
+        for (uint32_t i = 0; i < kern->n_accesses; i++) {
+            uint32_t t = a[i].tensor;
+            if (lt->first_use[t] == UINT32_MAX)
+                lt->first_use[t] = k;
+            lt->last_use[t] = k;
+            active += tr->tensors[t].bytes;
+        }
+        lt->active_bytes[k] = active;
+        if (active > lt->max_active_bytes)
+            lt->max_active_bytes = active;
+    }
+
+    /* Unsigned wrap-around in the difference array is harmless: every
+     * prefix sum is a true byte count, which validation keeps below 2^64. */
+    uint64_t global_bytes = 0;
+    memset(delta, 0, ((size_t)n + 1) * sizeof *delta);
+    for (uint32_t t = 0; t < tr->n_tensors; t++) {
+        uint64_t b = tr->tensors[t].bytes;
+        lt->tensor_bytes[t] = b;
+        if (tr->tensors[t].global) {
+            global_bytes += b;
+        } else {
+            delta[lt->first_use[t]] += b;
+            delta[lt->last_use[t] + 1] -= b;
+        }
+    }
+    uint64_t live = global_bytes;
+    for (uint32_t k = 0; k < n; k++) {
+        live += delta[k];
+        lt->memory_bytes[k] = live;
+        if (live > lt->peak_bytes) {
+            lt->peak_bytes = live;
+            lt->peak_kernel = k;
+        }
+    }
+}
+
+/* Pass 4: each tensor's uses in kernel order (counting sort), then its
+ * inactive periods.  `uses` has n_accesses slots, `offset` n_tensors+1. */
+static int compute_periods(const tio_trace *tr, tio_lifetime *lt, uint32_t *uses,
+                           uint32_t *offset)
+{
+    uint32_t n = tr->n_kernels, nt = tr->n_tensors;
+    memset(offset, 0, ((size_t)nt + 1) * sizeof *offset);
+    for (uint32_t i = 0; i < tr->n_accesses; i++)
+        offset[tr->accesses[i].tensor + 1]++;
+    for (uint32_t t = 0; t < nt; t++)
+        offset[t + 1] += offset[t];
+    for (uint32_t k = 0; k < n; k++) {
+        const tio_trace_kernel *kern = &tr->kernels[k];
+        for (uint32_t i = 0; i < kern->n_accesses; i++)
+            uses[offset[tr->accesses[kern->first_access + i].tensor]++] = k;
+    }
+    /* offset[t] now points at the end of tensor t's uses; t's start is
+     * offset[t - 1] (0 for t == 0). */
+
+    uint64_t count = 0;
+    for (uint32_t t = 0; t < nt; t++) {
+        uint32_t begin = t ? offset[t - 1] : 0, end = offset[t];
+        for (uint32_t i = begin + 1; i < end; i++)
+            count += uses[i] - uses[i - 1] >= 2;
+        if (tr->tensors[t].global)
+            count += (uint64_t)lt->first_use[t] + n - lt->last_use[t] >= 2;
+    }
+    if (count > UINT32_MAX)
+        return tio_fail(-ENOMEM, "trace has more than 2^32 inactive periods");
+    lt->periods = alloc_array(count, sizeof *lt->periods);
+    if (!lt->periods)
+        return tio_fail(-ENOMEM, "out of memory for %llu inactive periods",
+                        (unsigned long long)count);
+
+    tio_inactive_period *p = lt->periods;
+    for (uint32_t t = 0; t < nt; t++) {
+        uint32_t begin = t ? offset[t - 1] : 0, end = offset[t];
+        uint64_t bytes = tr->tensors[t].bytes;
+        for (uint32_t i = begin + 1; i < end; i++)
+            if (uses[i] - uses[i - 1] >= 2)
+                *p++ = (tio_inactive_period){
+                    .tensor = t, .last_use = uses[i - 1], .next_use = uses[i], .wraps = false,
+                    .bytes = bytes,
+                    .idle_ns = lt->start_ns[uses[i]] - lt->start_ns[uses[i - 1] + 1]};
+        uint32_t next = lt->first_use[t] + n; /* n <= INT32_MAX: no overflow */
+        if (tr->tensors[t].global && next - lt->last_use[t] >= 2)
+            *p++ = (tio_inactive_period){
+                .tensor = t, .last_use = lt->last_use[t], .next_use = next, .wraps = true,
+                .bytes = bytes,
+                .idle_ns = tio_lifetime_span_ns(lt, (uint64_t)lt->last_use[t] + 1, next)};
+    }
+    lt->n_periods = (uint32_t)count;
+    return 0;
+}
+
+int tio_lifetime_analyze(const tio_trace *trace, tio_lifetime **out)
+{
+    if (!trace || !out)
+        return tio_fail(-EINVAL, "tio_lifetime_analyze: NULL argument");
+    *out = NULL;
+    int rc = tio_trace_validate(trace);
+    if (rc)
+        return rc;
+    uint32_t n = trace->n_kernels, nt = trace->n_tensors;
+    tio_lifetime *lt = calloc(1, sizeof *lt);
+    uint64_t *delta = alloc_array((size_t)n + 1, sizeof *delta);
+    uint32_t *uses = alloc_array(trace->n_accesses, sizeof *uses);
+    uint32_t *offset = alloc_array((size_t)nt + 1, sizeof *offset);
+    if (lt) {
+        lt->n_kernels = n;
+        lt->n_tensors = nt;
+        lt->memory_bytes = alloc_array(n, sizeof *lt->memory_bytes);
+        lt->active_bytes = alloc_array(n, sizeof *lt->active_bytes);
+        lt->first_use = alloc_array(nt, sizeof *lt->first_use);
+        lt->last_use = alloc_array(nt, sizeof *lt->last_use);
+        lt->start_ns = alloc_array((size_t)n + 1, sizeof *lt->start_ns);
+        lt->tensor_bytes = alloc_array(nt, sizeof *lt->tensor_bytes);
+    }
+    if (!lt || !delta || !uses || !offset || !lt->memory_bytes || !lt->active_bytes ||
+        !lt->first_use || !lt->last_use || !lt->start_ns || !lt->tensor_bytes) {
+        rc = tio_fail(-ENOMEM, "out of memory analysing a trace of %u kernels", n);
+    } else {
+        compute_curves(trace, lt, delta);
+        rc = compute_periods(trace, lt, uses, offset);
+    }
+    free(delta);
+    free(uses);
+    free(offset);
+    if (rc) {
+        tio_lifetime_destroy(lt);
+        return rc;
+    }
+    *out = lt;
+    return 0;
+}
+
+int tio_lifetime_stats_compute(const tio_lifetime *lt, double ssd_read_gbps,
+                               double ssd_write_gbps, tio_lifetime_stats *out)
+{
+    if (!lt || !out)
+        return tio_fail(-EINVAL, "tio_lifetime_stats_compute: NULL argument");
+    if (!(ssd_read_gbps > 0) || !(ssd_write_gbps > 0) || !isfinite(ssd_read_gbps) ||
+        !isfinite(ssd_write_gbps))
+        return tio_fail(-EINVAL, "SSD bandwidths must be finite and > 0 GB/s (got %g, %g)",
+                        ssd_read_gbps, ssd_write_gbps);
+    memset(out, 0, sizeof *out);
+
+    if (lt->peak_bytes > 0 && lt->n_kernels > 0) {
+        double sum = 0;
+        for (uint32_t k = 0; k < lt->n_kernels; k++) {
+            double share = (double)lt->active_bytes[k] / (double)lt->peak_bytes;
+            sum += share;
+            if (share > out->max_active_share)
+                out->max_active_share = share;
+        }
+        out->mean_active_share = sum / lt->n_kernels;
+    }
+
+    static const uint64_t MiB = 1ull << 20;
+    const uint64_t limits[TIO_SIZE_BUCKETS] = {MiB,       4 * MiB,    16 * MiB,  64 * MiB,
+                                               256 * MiB, 1024 * MiB, 4096 * MiB, UINT64_MAX};
+    memcpy(out->size_bucket_limit, limits, sizeof limits);
+    for (uint32_t t = 0; t < lt->n_tensors; t++) {
+        int b = 0;
+        while (b < TIO_SIZE_BUCKETS - 1 && lt->tensor_bytes[t] >= limits[b])
+            b++;
+        out->size_bucket_count[b]++;
+    }
+
+    double all_bytes = 0, long_bytes = 0;
+    out->n_periods = lt->n_periods;
+    for (uint32_t i = 0; i < lt->n_periods; i++) {
+        const tio_inactive_period *p = &lt->periods[i];
+        double b = (double)p->bytes;
+        double round_trip_ns = b / ssd_write_gbps + b / ssd_read_gbps; /* 1 GB/s = 1 B/ns */
+        all_bytes += b;
+        if ((double)p->idle_ns >= round_trip_ns) {
+            out->n_periods_long++;
+            long_bytes += b;
+        }
+    }
+    if (out->n_periods > 0)
+        out->long_period_share = (double)out->n_periods_long / out->n_periods;
+    if (all_bytes > 0)
+        out->long_period_bytes_share = long_bytes / all_bytes;
+    return 0;
+}

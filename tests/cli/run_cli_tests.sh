@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# tests/cli/run_cli_tests.sh TERAIO — error paths of the `teraio` command.
+#
+# The CLI's contract on bad input: a non-zero exit status and exactly one
+# line on stderr, starting with "teraio <cmd>: " (or "teraio: " for errors
+# of the dispatcher itself, before a subcommand is known).  Each case below is one call to
+#   expect_one_line_error "<description>" <command and arguments...>
+# (the binary is "$teraio"); add cases for a new subcommand in its own
+# section.  Fixtures go in "$work", a temporary directory removed at exit.
+# Ends with "cli: N passed, M failed" and exits non-zero if any failed.
+set -u
+
+teraio=${1:?usage: run_cli_tests.sh PATH/TO/teraio}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+
+expect_one_line_error() {
+  local what=$1
+  shift
+  local rc=0
+  "$@" >"$work/stdout" 2>"$work/stderr" || rc=$?
+  local lines
+  lines=$(wc -l <"$work/stderr")
+  local why=""
+  if [ "$rc" -eq 0 ]; then
+    why="exit status 0"
+  elif [ "$rc" -ge 128 ]; then
+    why="killed by a signal (status $rc)"
+  elif [ "$lines" -ne 1 ]; then
+    why="$lines lines on stderr"
+  elif ! head -n 1 "$work/stderr" | grep -q '^teraio[ :]'; then
+    why="stderr does not start with 'teraio '"
+  fi
+  if [ -z "$why" ]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $what: $why" >&2
+    sed 's/^/  stderr: /' "$work/stderr" >&2
+  fi
+}
+
+# Like expect_one_line_error, and the exit status must be exactly $2.
+expect_status() {
+  local what=$1 want=$2
+  shift 2
+  local rc=0
+  "$@" >/dev/null 2>&1 || rc=$?
+  if [ "$rc" -eq "$want" ]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $what: exit status $rc, expected $want" >&2
+  fi
+}
+
+# --- teraio (dispatch) ---------------------------------------------------
+expect_one_line_error "unknown command" "$teraio" no-such-command
+
+# --- teraio analyze --------------------------------------------------------
+cat >"$work/good.tio" <<'EOF'
+teraio-trace 1
+counts 2 3 4
+tensor 0 1048576 parameter global w
+tensor 1 4096 activation intermediate
+kernel 0 100 aten::mm r:0 w:1
+kernel 1 100 aten::relu rw:1
+kernel 2 100 aten::add_ rw:0
+EOF
+head -n 5 "$work/good.tio" >"$work/truncated.tio"
+sed 's/^tensor 1 4096/tensor 1 40x96/' "$work/good.tio" >"$work/garbled.tio"
+sed 's/^teraio-trace 1/teraio-trace 9/' "$work/good.tio" >"$work/newer.tio"
+: >"$work/empty.tio"
+
+expect_status "analyze good trace" 0 "$teraio" analyze "$work/good.tio"
+expect_status "analyze --json" 0 "$teraio" analyze --json "$work/good.tio"
+expect_status "analyze --help" 0 "$teraio" analyze --help
+expect_one_line_error "analyze: missing file" "$teraio" analyze "$work/missing.tio"
+expect_one_line_error "analyze: truncated trace" "$teraio" analyze "$work/truncated.tio"
+expect_one_line_error "analyze: garbled number" "$teraio" analyze "$work/garbled.tio"
+expect_one_line_error "analyze: newer version" "$teraio" analyze "$work/newer.tio"
+expect_one_line_error "analyze: empty file" "$teraio" analyze "$work/empty.tio"
+expect_one_line_error "analyze: a directory" "$teraio" analyze "$work"
+expect_one_line_error "analyze: no TRACE" "$teraio" analyze
+expect_one_line_error "analyze: two TRACEs" "$teraio" analyze "$work/good.tio" "$work/good.tio"
+expect_one_line_error "analyze: unknown option" "$teraio" analyze --frobnicate "$work/good.tio"
+expect_one_line_error "analyze: bandwidth missing" "$teraio" analyze "$work/good.tio" --ssd-read-gbps
+expect_one_line_error "analyze: bandwidth zero" "$teraio" analyze "$work/good.tio" --ssd-write-gbps 0
+expect_one_line_error "analyze: bandwidth not a number" "$teraio" analyze "$work/good.tio" --ssd-read-gbps fast
+expect_status "analyze: unknown option exits 2" 2 "$teraio" analyze --frobnicate "$work/good.tio"
+expect_status "analyze: bad file exits 1" 1 "$teraio" analyze "$work/garbled.tio"
+
+echo "cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
