@@ -151,8 +151,9 @@ static void print_summary(const plan_args *a, const tio_trace *trace, const tio_
            lt->peak_kernel);
     printf("capacity        %s\n", cli_format_bytes(plan->capacity_bytes, b1));
     printf("planned peak    %s\n", cli_format_bytes(plan->planned_peak_bytes, b1));
-    printf("migrations      %u (%u offloads, %u prefetches)\n", plan->n_migrations, offloads,
-           plan->n_migrations - offloads);
+    printf("migrations      %u (%u offload%s, %u prefetch%s)\n", plan->n_migrations, offloads,
+           offloads == 1 ? "" : "s", plan->n_migrations - offloads,
+           plan->n_migrations - offloads == 1 ? "" : "es");
     printf("per iteration   %s to ssd, %s to host\n", cli_format_bytes(plan->bytes_to_ssd, b1),
            cli_format_bytes(plan->bytes_to_host, b2));
     printf("peak host       %s\n", cli_format_bytes(plan->peak_host_bytes, b1));

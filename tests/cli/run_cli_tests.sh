@@ -92,5 +92,73 @@ expect_one_line_error "analyze: bandwidth not a number" "$teraio" analyze "$work
 expect_status "analyze: unknown option exits 2" 2 "$teraio" analyze --frobnicate "$work/good.tio"
 expect_status "analyze: bad file exits 1" 1 "$teraio" analyze "$work/garbled.tio"
 
+# --- teraio plan ------------------------------------------------------------
+# The trace of tests/c/test_plan.c: M peaks at 5000 B (kernel 3); kernel 6
+# (bwd.mm1) needs 2500 B.  At 4000 B (SSD 2/1 GB/s) the plan fits; at 4500 B
+# with SSD read 0.25 GB/s and no host tier it does not.
+cat >"$work/plan.tio" <<'EOF'
+teraio-trace 1
+counts 5 8 10
+tensor 0 1000 parameter global P
+tensor 1 2000 activation intermediate A
+tensor 2 1000 activation intermediate B
+tensor 3 500 temporary intermediate X
+tensor 4 500 gradient global G
+kernel 0 500 fwd.embed r:0
+kernel 1 500 fwd.mm1 w:1
+kernel 2 1000 fwd.mm2 w:2
+kernel 3 1000 fwd.gelu w:3
+kernel 4 1000 bwd.gelu r:3
+kernel 5 1000 bwd.mm2 r:2
+kernel 6 500 bwd.mm1 r:1 w:4
+kernel 7 500 adamw rw:0 r:4
+EOF
+
+expect_status "plan: fits" 0 "$teraio" plan "$work/plan.tio" --capacity 4000 \
+  --ssd-read-gbps 2 --ssd-write-gbps 1 -o "$work/fits.plan"
+expect_status "plan --help" 0 "$teraio" plan --help
+expect_one_line_error "plan: capacity below a kernel's need" \
+  "$teraio" plan "$work/plan.tio" --capacity 2000 -o "$work/small.plan"
+if grep -q "below kernel 6 (bwd.mm1)'s need of 2.44 KiB" "$work/stderr"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: plan: capacity error does not name kernel 6 (bwd.mm1) and its need" >&2
+fi
+expect_status "plan: capacity too small exits 1" 1 \
+  "$teraio" plan "$work/plan.tio" --capacity 2000 -o "$work/small.plan"
+expect_one_line_error "plan: does not fit" "$teraio" plan "$work/plan.tio" --capacity 4500 \
+  --ssd-read-gbps 0.25 --ssd-write-gbps 1 -o "$work/nofit.plan"
+if [ -s "$work/nofit.plan" ]; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: plan: a plan that does not fit is still written" >&2
+fi
+expect_status "plan: does not fit exits 1" 1 "$teraio" plan "$work/plan.tio" --capacity 4500 \
+  --ssd-read-gbps 0.25 --ssd-write-gbps 1 -o "$work/nofit.plan"
+expect_one_line_error "plan: missing trace" \
+  "$teraio" plan "$work/missing.tio" --capacity 4000 -o "$work/x.plan"
+expect_status "plan: missing trace exits 1" 1 \
+  "$teraio" plan "$work/missing.tio" --capacity 4000 -o "$work/x.plan"
+expect_one_line_error "plan: garbled trace" \
+  "$teraio" plan "$work/garbled.tio" --capacity 4000 -o "$work/x.plan"
+expect_one_line_error "plan: bad --capacity" \
+  "$teraio" plan "$work/plan.tio" --capacity 12X -o "$work/x.plan"
+expect_status "plan: bad --capacity exits 2" 2 \
+  "$teraio" plan "$work/plan.tio" --capacity 12X -o "$work/x.plan"
+expect_one_line_error "plan: zero --capacity" \
+  "$teraio" plan "$work/plan.tio" --capacity 0 -o "$work/x.plan"
+expect_one_line_error "plan: no --capacity" "$teraio" plan "$work/plan.tio" -o "$work/x.plan"
+expect_status "plan: no --capacity exits 2" 2 "$teraio" plan "$work/plan.tio" -o "$work/x.plan"
+expect_one_line_error "plan: no -o" "$teraio" plan "$work/plan.tio" --capacity 4000
+expect_one_line_error "plan: no TRACE" "$teraio" plan --capacity 4000 -o "$work/x.plan"
+expect_one_line_error "plan: bandwidth not a number" \
+  "$teraio" plan "$work/plan.tio" --capacity 4000 --ssd-read-gbps fast -o "$work/x.plan"
+expect_one_line_error "plan: unknown option" \
+  "$teraio" plan "$work/plan.tio" --capacity 4000 --frobnicate -o "$work/x.plan"
+expect_one_line_error "plan: unwritable output" \
+  "$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/no-such-dir/x.plan"
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
