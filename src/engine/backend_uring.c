@@ -106,14 +106,18 @@ static void *completion_main(void *arg)
             continue;
         }
         unsigned n = io_uring_peek_batch_cqe(ring, cqes, CQE_BATCH);
-        uint32_t n_retry = 0, n_fin = 0, n_chunks = 0;
+        uint32_t n_retry = 0, n_fin = 0;
+        /* The chunks were prepared under d->mu by the submitting thread;
+         * taking it here also makes that ordering visible to TSan, which
+         * cannot see the kernel's SQE-to-CQE hand-off. */
+        pthread_mutex_lock(&d->mu);
         for (unsigned i = 0; i < n; i++) {
             tio_chunk *c = io_uring_cqe_get_data(cqes[i]);
             if (!c) {
                 stop = true;
                 continue;
             }
-            n_chunks++;
+            d->inflight--;
             int err = 0;
             switch (tio_chunk_account(c, cqes[i]->res, &err)) {
             case TIO_CHUNK_RETRY:
@@ -130,8 +134,6 @@ static void *completion_main(void *arg)
             }
         }
         io_uring_cq_advance(ring, n);
-        pthread_mutex_lock(&d->mu);
-        d->inflight -= n_chunks;
         for (uint32_t i = n_retry; i-- > 0;)
             tio_dir_push_front(d, retry[i]);
         feed(d);
