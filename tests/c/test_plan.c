@@ -518,6 +518,98 @@ static void test_plan_check_errors(void **state)
                        "(prefetch due)");
 }
 
+/* ---- property: the planner's M' is what its migrations imply ----------------
+ * For random traces (fixed seed) the planner's own M' (range updates per
+ * round) must equal the M' tio_plan_check derives independently from the
+ * migrations alone (difference arrays over the offload/prefetch pairs), and
+ * every plan must pass the check: pairs balanced, each tensor off the device
+ * only inside one of its inactive periods, host cap respected. */
+
+static uint64_t lcg(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static tio_trace *random_trace(uint64_t *seed)
+{
+    tio_trace *t;
+    assert_int_equal(tio_trace_create(NULL, &t), 0);
+    uint32_t n_tensors = 2 + (uint32_t)(lcg(seed) % 12);
+    uint32_t n_kernels = 4 + (uint32_t)(lcg(seed) % 20);
+    uint8_t uses[16][32] = {{0}};
+    for (uint32_t i = 0; i < n_tensors; i++) {
+        uint32_t id;
+        bool global = lcg(seed) % 3 == 0;
+        assert_int_equal(tio_trace_add_tensor(t, 1 + lcg(seed) % 3000,
+                                              global ? TIO_KIND_PARAMETER : TIO_KIND_ACTIVATION,
+                                              global, NULL, &id), 0);
+        uint32_t n_uses = 1 + (uint32_t)(lcg(seed) % 4);
+        for (uint32_t u = 0; u < n_uses; u++)
+            uses[i][lcg(seed) % n_kernels] = (uint8_t)(1 + lcg(seed) % 3);
+    }
+    for (uint32_t k = 0; k < n_kernels; k++) {
+        uint64_t ns = lcg(seed) % 4 == 0 ? 0 : lcg(seed) % 2000; /* some kernels take 0 ns */
+        assert_int_equal(tio_trace_add_kernel(t, "op", ns), 0);
+        for (uint32_t i = 0; i < n_tensors; i++)
+            if (uses[i][k])
+                assert_int_equal(tio_trace_add_access(t, i, uses[i][k]), 0);
+    }
+    return t;
+}
+
+static void test_plan_random_traces_check(void **state)
+{
+    (void)state;
+    static const double gbps[] = {0.05, 0.5, 1.0, 4.0};
+    uint64_t seed = 12345;
+    uint32_t fitted = 0, moved = 0;
+    for (int iter = 0; iter < 400; iter++) {
+        tio_trace *t = random_trace(&seed);
+        tio_lifetime *lt;
+        assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+        tio_plan_options o = options(lt->max_active_bytes +
+                                         lcg(&seed) % (lt->peak_bytes - lt->max_active_bytes + 1),
+                                     gbps[lcg(&seed) % 4], gbps[lcg(&seed) % 4]);
+        if (o.capacity_bytes == 0)
+            o.capacity_bytes = 1;
+        o.host_cap_bytes = lcg(&seed) % 2 ? lcg(&seed) % 6000 : 0;
+        o.host_to_device_gbps = gbps[lcg(&seed) % 4];
+        tio_plan *plan;
+        assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
+        assert_true(plan->fits == (plan->planned_peak_bytes <= o.capacity_bytes));
+        assert_true(plan->peak_host_bytes <= o.host_cap_bytes);
+        fitted += plan->fits;
+        moved += plan->n_migrations > 0;
+
+        tio_plan *copy = calloc(1, sizeof *copy);
+        assert_non_null(copy);
+        *copy = *plan;
+        copy->planned_memory_bytes = NULL;
+        copy->peak_host_bytes = copy->bytes_to_ssd = copy->bytes_to_host = 0;
+        copy->migrations = malloc((plan->n_migrations + 1) * sizeof *plan->migrations);
+        assert_non_null(copy->migrations);
+        if (plan->n_migrations)
+            memcpy(copy->migrations, plan->migrations,
+                   plan->n_migrations * sizeof *plan->migrations);
+        if (tio_plan_check(copy, t, lt) != 0)
+            fail_msg("iteration %d: %s", iter, tio_last_error());
+        assert_memory_equal(copy->planned_memory_bytes, plan->planned_memory_bytes,
+                            t->n_kernels * sizeof(uint64_t));
+        assert_int_equal(copy->planned_peak_bytes, plan->planned_peak_bytes);
+        assert_int_equal(copy->peak_host_bytes, plan->peak_host_bytes);
+        assert_int_equal(copy->bytes_to_ssd, plan->bytes_to_ssd);
+        assert_int_equal(copy->bytes_to_host, plan->bytes_to_host);
+        tio_plan_destroy(copy);
+        tio_plan_destroy(plan);
+        tio_lifetime_destroy(lt);
+        tio_trace_destroy(t);
+    }
+    /* The sample covers both outcomes. */
+    assert_true(fitted > 0 && fitted < 400);
+    assert_true(moved > 100);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -534,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_plan_parse_errors),
         cmocka_unit_test(test_plan_load_missing_file),
         cmocka_unit_test(test_plan_check_errors),
+        cmocka_unit_test(test_plan_random_traces_check),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
