@@ -27,7 +27,8 @@ extern "C" {
  * global tensor, next_use is expressed in the *next* iteration's numbering
  * plus n_kernels, i.e. next_use = first_use + n_kernels > last_use, and
  * `wraps` is true.  A global tensor used by exactly one kernel k has one
- * wrap-around period (k, k + n_kernels). */
+ * wrap-around period (k, k + n_kernels), except in a one-kernel trace,
+ * where no kernel lies between its uses. */
 typedef struct {
     uint32_t tensor;
     uint32_t last_use;     /* kernel index in [0, n_kernels) */

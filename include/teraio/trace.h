@@ -70,21 +70,25 @@ typedef struct tio_trace {
     uint32_t cap_tensors, cap_kernels, cap_accesses;
 } tio_trace;
 
-/* Create an empty trace.  `model` (may be NULL) is copied.
- * Returns 0, or -ENOMEM. */
+/* Create an empty trace.  `model` (may be NULL) is copied; it must be one
+ * line without control characters other than tab (it is stored on one line
+ * of the trace file).  Returns 0, -EINVAL (bad model text), or -ENOMEM. */
 TIO_API int tio_trace_create(const char *model, tio_trace **out);
 
 /* Free a trace and everything it owns.  NULL is a no-op. */
 TIO_API void tio_trace_destroy(tio_trace *trace);
 
-/* Append a tensor; its id is the current n_tensors, returned in *id.
- * `bytes` must be > 0; `name` may be NULL and is copied.
- * Returns 0, -EINVAL (bytes == 0, kind out of range), -ENOMEM. */
+/* Append a tensor; its id is the current n_tensors, returned in *id (which
+ * may be NULL).  `bytes` must be > 0; `name` may be NULL and is copied; a
+ * name must be one token: non-empty, no whitespace or control characters.
+ * Returns 0, -EINVAL (bytes == 0, kind out of range, bad name), -ENOMEM. */
 TIO_API int tio_trace_add_tensor(tio_trace *trace, uint64_t bytes, tio_tensor_kind kind,
                                  bool global, const char *name, uint32_t *id);
 
 /* Append a kernel (index n_kernels) with its duration in nanoseconds.
- * `name` is copied.  Returns 0, -EINVAL (name NULL/empty), -ENOMEM. */
+ * `name` is copied and must be one token (no whitespace or control
+ * characters).  Returns 0, -EINVAL (name NULL/empty/not one token), -ENOMEM
+ * (also when the trace already has 2^31 - 1 kernels). */
 TIO_API int tio_trace_add_kernel(tio_trace *trace, const char *name, uint64_t duration_ns);
 
 /* Record that the most recently added kernel accesses `tensor` with `mode`
@@ -94,12 +98,15 @@ TIO_API int tio_trace_add_kernel(tio_trace *trace, const char *name, uint64_t du
 TIO_API int tio_trace_add_access(tio_trace *trace, uint32_t tensor, uint8_t mode);
 
 /* Check internal consistency: every tensor accessed at least once, ids in
- * range, accesses grouped per kernel.  Returns 0 or TIO_EPARSE with the
- * reason in tio_last_error(). */
+ * range, accesses grouped per kernel, each tensor at most once per kernel,
+ * valid modes and names, total bytes and total duration below 2^64.
+ * Returns 0, TIO_EPARSE with the reason in tio_last_error(), or -ENOMEM. */
 TIO_API int tio_trace_validate(const tio_trace *trace);
 
 /* Write the trace to `path` atomically (temp file, fsync, rename).
- * Returns 0, or -errno of the failing system call (message names the file). */
+ * Returns 0, TIO_EPARSE (the trace fails tio_trace_validate, so it could
+ * not be loaded back), or -errno of the failing system call (message names
+ * the file). */
 TIO_API int tio_trace_save(const tio_trace *trace, const char *path);
 
 /* Read a trace file.  On success *out owns a new trace.

@@ -260,7 +260,7 @@ static int parse_preamble(parser *p)
     if (!token_is(tok, len, "counts"))
         return fail_got(s, TIO_EPARSE, "record", "'counts'", tok, len);
     p->counts_line = s->line;
-    uint64_t nt, nk, na;
+    uint64_t nt = 0, nk = 0, na = 0;
     int rc = need_uint(s, "n_tensors", UINT32_MAX, &nt);
     if (!rc)
         rc = need_uint(s, "n_kernels", UINT32_MAX, &nk);
