@@ -296,14 +296,14 @@ static void test_many_in_flight(void **state)
     tio_engine_destroy(e);
 }
 
-/* Queue depth 1, one directory: 32 queued 1 MiB writes, then an urgent one.
+/* Queue depth 1, one directory: 64 queued 1 MiB writes, then an urgent one.
  * The urgent write overtakes the queue, so it completes long before the
- * last normal write. */
+ * last normal write (without priority it would be the 65th of 65). */
 static void test_urgent_overtakes(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
-    enum { N = 32 };
-    tio_engine *e = make_engine(backend, 1, 40 * MIB, 0, 0, 1);
+    enum { N = 64 };
+    tio_engine *e = make_engine(backend, 1, (N + 1) * MIB, 0, 0, 1);
     buf_t src = buf_new(MIB, 0);
     fill(src.p, MIB, 9);
     tio_extent x[N + 1];
@@ -320,6 +320,7 @@ static void test_urgent_overtakes(void **state)
         if (c.tag == 999)
             pos = k;
     }
+    print_message("urgent write completed %d of %d\n", pos + 1, N + 1);
     assert_true(pos >= 0 && pos < N / 2);
     buf_t dst = buf_new(MIB, 0);
     assert_int_equal(tio_engine_read(e, &x[N], dst.p, MIB), 0);
@@ -631,6 +632,12 @@ static void test_backing_files_lifecycle(void **state)
     assert_int_equal(stat(pb, &st), -1);
 }
 
+static bool has_prefix(const char *s, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return strncmp(s, prefix, n) == 0 && (s[n] == '\0' || s[n] == ';');
+}
+
 static void test_backend_choice(void **state)
 {
     tio_engine *e = NULL;
@@ -645,7 +652,8 @@ static void test_backend_choice(void **state)
 
     assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), 0);
     assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
-    assert_string_equal(tio_engine_backend_reason(e), "psync: requested in options");
+    /* Exact up to a "; buffered I/O: ..." note on file systems without O_DIRECT. */
+    assert_true(has_prefix(tio_engine_backend_reason(e), "psync: requested in options"));
     tio_engine_destroy(e);
 
     assert_string_equal(tio_backend_name(TIO_BACKEND_AUTO), "auto");
@@ -662,7 +670,7 @@ static void test_forced_psync_fallback(void **state)
     unsetenv("TIO_ENGINE_BACKEND");
     assert_int_equal(rc, 0);
     assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
-    assert_string_equal(tio_engine_backend_reason(e), "psync: forced by TIO_ENGINE_BACKEND");
+    assert_true(has_prefix(tio_engine_backend_reason(e), "psync: forced by TIO_ENGINE_BACKEND"));
     tio_extent x;
     assert_int_equal(tio_engine_alloc(e, 70000, &x), 0);
     buf_t src = buf_new(70000, 1), dst = buf_new(70000, 1);
