@@ -164,10 +164,14 @@ int tio_read_file(const char *path, char **text, size_t *len)
         return tio_fail(-e, "%s: cannot open: %s", path, strerror(e));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        int e = S_ISDIR(st.st_mode) ? EISDIR : (errno ? errno : EINVAL);
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return tio_fail(-e, "%s: not a regular file", path);
+        return tio_fail(-e, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return tio_fail(S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, "%s: not a regular file", path);
     }
     size_t n = (size_t)st.st_size;
     char *buf = malloc(n + 1);

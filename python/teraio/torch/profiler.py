@@ -3,9 +3,12 @@
 A TorchDispatchMode sees every aten operator of the eager program — forward,
 backward (autograd runs its kernels on the calling thread with the mode
 active) and the optimizer step.  For each operator (a *kernel*) it records the
-tensors (storages) it reads and writes and its measured wall time.  Saved-
-tensor hooks mark which intermediate tensors autograd keeps for the backward
-pass (activations); other intermediates are temporaries.
+tensors (storages) it reads and writes and its measured wall time.  An
+intermediate tensor first used while gradient mode is on (the forward pass)
+and used again later with it off (the backward pass) is an activation; other
+intermediates are temporaries.  (Saved-tensor hooks would name activations
+exactly, but installing them changes the operator sequence autograd runs, so
+the trace would no longer match un-hooked iterations.)
 
 Usage::
 
@@ -47,6 +50,7 @@ class _Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         p = self.prof
         acc: dict[int, int] = {}
+        forward = torch.is_grad_enabled()
         for t in iter_tensors((args, kwargs)):
             i = p._id_of(t.untyped_storage())
             if i is not None:
@@ -59,6 +63,10 @@ class _Recorder(TorchDispatchMode):
             if i is not None:
                 acc[i] = acc.get(i, 0) | WRITE
         p._kernels.append((str(func), dur, list(acc.items())))
+        if forward:
+            p._forward_seen.update(i for i in acc if i not in p._forward_seen)
+        else:
+            p._saved.update(i for i in acc if i in p._forward_seen)
         return out
 
 
@@ -74,6 +82,7 @@ class Profiler:
         self._kernels: list = []
         self._tensors: list = []
         self._saved: set[int] = set()
+        self._forward_seen: set[int] = set()
         self._ids: StorageIds | None = None
 
     def _id_of(self, st) -> int | None:
@@ -85,18 +94,12 @@ class Profiler:
             self._tensors.append([st.nbytes(), "temporary", False, None])
         return i
 
-    def _pack(self, t: torch.Tensor):
-        if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-            i = self._ids.lookup(t.untyped_storage())
-            if i is not None:
-                self._saved.add(i)
-        return t
-
     @contextlib.contextmanager
     def iteration(self):
         """Profile one iteration (forward, backward, optimizer step)."""
         self._ids = StorageIds()
-        self._kernels, self._tensors, self._saved = [], [], set()
+        self._kernels, self._tensors = [], []
+        self._saved, self._forward_seen = set(), set()
         for t, kind, name in global_tensors(self.model, self.optimizer):
             st = t.untyped_storage()
             if st.nbytes() == 0 or self._ids.lookup(st) is not None:
@@ -104,9 +107,8 @@ class Profiler:
             self._ids.assign(st)
             self._tensors.append([st.nbytes(), kind, True, name])
         self._ids.n_global = self._ids.next_id
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            with _Recorder(self):
-                yield self
+        with _Recorder(self):
+            yield self
         for i in self._saved:
             if not self._tensors[i][2]:
                 self._tensors[i][1] = "activation"

@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny Llama-style model and a deterministic training step."""
+import os
+
+import pytest
+import torch
+
+from teraio.models.llama import Llama, LlamaConfig
+
+TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, ffn_dim=128, max_seq_len=32)
+
+
+class TinyJob:
+    def __init__(self, seed=0, iterations=6, batch=4):
+        torch.manual_seed(seed)
+        self.model = Llama(TINY)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, foreach=False)
+        g = torch.Generator().manual_seed(seed + 1)
+        self.batches = [torch.randint(0, 256, (batch, TINY.max_seq_len + 1), generator=g)
+                        for _ in range(iterations)]
+
+    def step(self, i):
+        b = self.batches[i]
+        self.opt.zero_grad(set_to_none=False)
+        loss = self.model(b[:, :-1], b[:, 1:])
+        loss.backward()
+        self.opt.step()
+        return loss
+
+
+@pytest.fixture
+def tiny_job():
+    torch.use_deterministic_algorithms(True)
+    return TinyJob()
+
+
+@pytest.fixture
+def reference_losses():
+    job = TinyJob()
+    return [job.step(i).item() for i in range(len(job.batches))], job
+
+
+@pytest.fixture
+def ssd_dir(tmp_path):
+    d = tmp_path / "ssd"
+    d.mkdir()
+    return str(d)
+
+
+def pytest_configure(config):
+    torch.set_num_threads(1)
+    os.environ.setdefault("TERAIO_TEST", "1")
