@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 CMAKE_GEN := -G Ninja
 
-.PHONY: all deps build test test-c test-asan test-fuzz test-python demo bench clean
+.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python demo bench clean
 
 all: build
 
@@ -20,7 +20,7 @@ build: deps
 	@cmake -S . -B build $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build build -j $(JOBS)
 
-test: build test-c test-asan test-fuzz test-python
+test: build test-c test-asan test-tsan test-fuzz test-python
 
 test-c: build
 	ctest --test-dir build --output-on-failure -j $(JOBS)
@@ -29,6 +29,13 @@ test-asan: deps
 	@cmake -S . -B build-asan $(CMAKE_GEN) -DTIO_SANITIZE=address,undefined >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+# ThreadSanitizer over the modules that run threads (engine, runtime; more as they come).
+TSAN_TESTS ?= engine|runtime
+test-tsan: deps
+	@cmake -S . -B build-tsan $(CMAKE_GEN) -DTIO_SANITIZE=thread -DTIO_BUILD_CLI=OFF >/dev/null
+	@cmake --build build-tsan -j $(JOBS)
+	TIO_SOAK_SCALE=small ctest --test-dir build-tsan --output-on-failure -R '$(TSAN_TESTS)'
 
 test-fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON >/dev/null

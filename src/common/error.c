@@ -72,12 +72,29 @@ void tio_log(int level, const char *fmt, ...)
 
 const char *tio_version(void) { return TIO_VERSION_STRING; }
 
+#if TIO_HAVE_PCRE2
+#define TIO_FEATURE_PCRE2 " pcre2"
+#else
+#define TIO_FEATURE_PCRE2 ""
+#endif
+#if TIO_HAVE_ZSTD
+#define TIO_FEATURE_ZSTD " zstd"
+#else
+#define TIO_FEATURE_ZSTD ""
+#endif
+#if TIO_HAVE_ZLIB
+#define TIO_FEATURE_ZLIB " zlib"
+#else
+#define TIO_FEATURE_ZLIB ""
+#endif
+#define TIO_FEATURE_EXTRA TIO_FEATURE_PCRE2 TIO_FEATURE_ZSTD TIO_FEATURE_ZLIB
+
 const char *tio_features(void)
 {
 #if TIO_HAVE_LIBURING
-    return "io_uring psync o_direct striping";
+    return "io_uring psync o_direct striping" TIO_FEATURE_EXTRA;
 #else
-    return "psync o_direct striping";
+    return "psync o_direct striping" TIO_FEATURE_EXTRA;
 #endif
 }
 
