@@ -34,9 +34,10 @@ TTY = sys.stderr.isatty()
 
 
 def progress(msg: str, final: bool = False) -> None:
-    """A progress line on a terminal; silent when piped."""
+    """A progress line on a terminal (rewritten in place; an empty message
+    clears it); silent when piped."""
     if TTY:
-        sys.stderr.write("\r\033[K" + msg + ("\n" if final else ""))
+        sys.stderr.write("\r\033[K" + msg + ("\n" if final and msg else ""))
         sys.stderr.flush()
 
 
@@ -241,7 +242,10 @@ def parent(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     for d in args.ssd or []:
         if not os.path.isdir(d):
-            sys.stderr.write(f"teraio demo: ssd directory '{d}' does not exist\n")
+            sys.stderr.write(f"teraio demo: ssd directory '{d}' does not exist or is not a directory\n")
+            return 1
+        if not os.access(d, os.W_OK | os.X_OK):
+            sys.stderr.write(f"teraio demo: ssd directory '{d}' is not writable\n")
             return 1
     t0 = time.time()
     a = child("A", args, [])
@@ -335,7 +339,8 @@ def main(argv=None) -> int:
     try:
         result = run_a(args) if args.child == "A" else run_b(args)
     except TeraioError as e:
-        sys.stderr.write(f"\nteraio demo: {e}\n")
+        progress("")
+        sys.stderr.write(f"teraio demo: {e}\n")
         return 1
     with open(os.path.join(args.out, f"run_{args.child.lower()}.json"), "w") as f:
         json.dump(result, f)

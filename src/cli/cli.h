@@ -13,6 +13,7 @@
 int cmd_version(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_check(int argc, char **argv);
 
 /* Print "teraio <cmd>: <message>" on stderr; returns exit status 1. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -18,6 +18,7 @@ static const struct subcommand commands[] = {
     {"version", cmd_version, "version                 print the version and compiled-in features"},
     {"analyze", cmd_analyze, "analyze TRACE [--ssd-read-gbps R --ssd-write-gbps W] [--json]  inactive periods, memory curve, paper statistics"},
     {"plan", cmd_plan, "plan TRACE --capacity BYTES [--ssd-read-gbps R] [--ssd-write-gbps W] [--host-cap BYTES] -o PLAN"},
+    {"check", cmd_check, "check TRACE PLAN        does PLAN apply to TRACE? planned peak vs capacity"},
 };
 
 static void usage(FILE *f)

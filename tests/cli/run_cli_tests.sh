@@ -160,5 +160,15 @@ expect_one_line_error "plan: unknown option" \
 expect_one_line_error "plan: unwritable output" \
   "$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/no-such-dir/x.plan"
 
+# --- teraio check -----------------------------------------------------------
+"$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/good.plan" >/dev/null 2>&1
+sed 's/^offload \([0-9]*\) /offload 77 /' "$work/good.plan" >"$work/unknown.plan"
+expect_one_line_error "check: plan names an unknown tensor" "$teraio" check "$work/plan.tio" "$work/unknown.plan"
+head -c 40 "$work/good.plan" >"$work/truncated.plan"
+expect_one_line_error "check: truncated plan" "$teraio" check "$work/plan.tio" "$work/truncated.plan"
+expect_one_line_error "check: missing plan" "$teraio" check "$work/plan.tio" "$work/none.plan"
+expect_one_line_error "check: one argument" "$teraio" check "$work/plan.tio"
+expect_status "check: a matching plan passes" 0 "$teraio" check "$work/plan.tio" "$work/good.plan"
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
