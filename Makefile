@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 CMAKE_GEN := -G Ninja
 
-.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python demo bench clean
+.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo bench clean
 
 all: build
 
@@ -20,7 +20,7 @@ build: deps
 	@cmake -S . -B build $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build build -j $(JOBS)
 
-test: build test-c test-asan test-tsan test-fuzz test-python
+test: build test-c test-asan test-tsan test-fuzz test-python test-pip
 
 test-c: build
 	ctest --test-dir build --output-on-failure -j $(JOBS)
@@ -44,6 +44,10 @@ test-fuzz: deps
 
 test-python: build
 	$(PY) -m pytest -q tests/python
+
+# `pip install .` into a fresh venv: import teraio and the teraio command work.
+test-pip: deps
+	@scripts/test-pip
 
 demo: build
 	$(PY) -m teraio.demo --out build/demo
