@@ -100,6 +100,11 @@ class OffloadRuntime:
         L.check(L.tio_runtime_create(plan._p, trace._p, engine._p if engine else None,
                                      ctypes.byref(self._cbs), ctypes.byref(self._p)))
         for t, _kind, _name in global_tensors(model, optimizer):
+            if t.device.type != "cpu":
+                L.tio_runtime_destroy(self._p)
+                self._p = None
+                raise ValueError(f"teraio: OffloadRuntime moves CPU tensors only in this version; "
+                                 f"'{_name}' is on {t.device} (see docs/runtime.md)")
             st = t.untyped_storage()
             if st.nbytes() and self._ids.lookup(st) is None:
                 self._bind(self._ids.assign(st), st)
