@@ -1,0 +1,162 @@
+"""teraio's byte-level BPE tokenizer (libteraio ``tio_tok_*``) through ctypes.
+
+Thin on purpose: loading, encoding and decoding all happen in C
+(include/teraio/tok.h is the manual).  Ids equal tiktoken's for the OpenAI
+encodings and Hugging Face ``tokenizers``' for byte-level BPE
+``tokenizer.json`` files (without the post-processor).
+
+>>> tok = Tokenizer.encoding("cl100k_base", "/path/to/shared/tokenizers")
+>>> tok.encode("hello world")
+[15339, 1917]
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint, c_void_p
+from typing import Iterable, Sequence
+
+from teraio._lib import check, lib
+
+SPECIAL_TEXT = 0    #: special-token strings are ordinary text (tiktoken encode_ordinary)
+SPECIAL_ALLOW = 1   #: recognised as their ids (tiktoken allowed_special="all")
+SPECIAL_REJECT = 2  #: raise if one occurs (tiktoken's default encode)
+
+
+class _Special(ctypes.Structure):
+    _fields_ = [("text", c_char_p), ("id", c_uint32)]
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+_load_tiktoken = _fn("tio_tok_load_tiktoken", c_int, POINTER(c_void_p), c_char_p, c_char_p,
+                     POINTER(_Special), c_size_t)
+_load_encoding = _fn("tio_tok_load_encoding", c_int, POINTER(c_void_p), c_char_p, c_char_p)
+_load_hf = _fn("tio_tok_load_hf", c_int, POINTER(c_void_p), c_char_p)
+_parse_hf = _fn("tio_tok_parse_hf", c_int, POINTER(c_void_p), c_char_p, c_size_t)
+_destroy = _fn("tio_tok_destroy", None, c_void_p)
+_vocab_size = _fn("tio_tok_vocab_size", c_uint32, c_void_p)
+_special_id = _fn("tio_tok_special_id", c_int, c_void_p, c_char_p)
+_encode = _fn("tio_tok_encode", c_int, c_void_p, c_char_p, c_size_t, c_int, POINTER(c_uint32),
+              c_size_t, POINTER(c_size_t))
+_encode_batch = _fn("tio_tok_encode_batch", c_int, c_void_p, POINTER(c_char_p), POINTER(c_size_t),
+                    c_size_t, c_int, c_uint, POINTER(c_uint32), c_size_t, POINTER(c_size_t))
+_decode = _fn("tio_tok_decode", c_int, c_void_p, POINTER(c_uint32), c_size_t, c_char_p, c_size_t,
+              POINTER(c_size_t))
+_encoding_name = _fn("tio_tok_encoding_name", c_char_p, c_size_t)
+
+
+def encoding_names() -> list[str]:
+    """Names of the built-in encodings (r50k_base, p50k_base, ...)."""
+    out, i = [], 0
+    while (name := _encoding_name(i)) is not None:
+        out.append(name.decode())
+        i += 1
+    return out
+
+
+def _as_bytes(text: str | bytes) -> bytes:
+    return text.encode("utf-8") if isinstance(text, str) else bytes(text)
+
+
+class Tokenizer:
+    """A loaded tokenizer.  Thread-safe for encode/decode; close() frees it."""
+
+    def __init__(self, handle: c_void_p):
+        self._h = handle
+
+    @classmethod
+    def encoding(cls, name: str, directory: str | os.PathLike | None = None) -> "Tokenizer":
+        """Built-in encoding ``name``; its rank file is looked for in
+        ``directory``, then in $TERAIO_TOKENIZERS_DIR."""
+        h = c_void_p()
+        d = os.fsencode(directory) if directory is not None else None
+        check(_load_encoding(ctypes.byref(h), name.encode(), d))
+        return cls(h)
+
+    @classmethod
+    def tiktoken(cls, path: str | os.PathLike, pat_str: str,
+                 special_tokens: dict[str, int] | None = None) -> "Tokenizer":
+        """A tiktoken rank file with the given split regex and special tokens."""
+        specials = list((special_tokens or {}).items())
+        arr = (_Special * max(1, len(specials)))(*[_Special(t.encode(), i) for t, i in specials])
+        h = c_void_p()
+        check(_load_tiktoken(ctypes.byref(h), os.fsencode(path), pat_str.encode(), arr, len(specials)))
+        return cls(h)
+
+    @classmethod
+    def huggingface(cls, path: str | os.PathLike) -> "Tokenizer":
+        """A Hugging Face tokenizer.json (byte-level BPE)."""
+        h = c_void_p()
+        check(_load_hf(ctypes.byref(h), os.fsencode(path)))
+        return cls(h)
+
+    @classmethod
+    def huggingface_json(cls, text: str | bytes) -> "Tokenizer":
+        """A Hugging Face tokenizer.json given as its text."""
+        data = _as_bytes(text)
+        h = c_void_p()
+        check(_parse_hf(ctypes.byref(h), data, len(data)))
+        return cls(h)
+
+    def close(self) -> None:
+        if self._h:
+            _destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def vocab_size(self) -> int:
+        return _vocab_size(self._h)
+
+    def special_id(self, text: str) -> int:
+        return check(_special_id(self._h, text.encode()))
+
+    def encode(self, text: str | bytes, special: int = SPECIAL_TEXT) -> list[int]:
+        """Ids of ``text`` (str: its UTF-8; bytes: as given, any bytes)."""
+        data = _as_bytes(text)
+        cap = max(1, len(data))
+        out = (c_uint32 * cap)()
+        n = c_size_t()
+        check(_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
+        return out[:n.value]
+
+    def encode_batch(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
+                     threads: int = 0) -> list[list[int]]:
+        """Ids of each text, encoded on ``threads`` threads (0: one per CPU)."""
+        data = [_as_bytes(t) for t in texts]
+        n = len(data)
+        ptrs = (c_char_p * max(1, n))(*data)
+        lens = (c_size_t * max(1, n))(*[len(d) for d in data])
+        cap = max(1, sum(len(d) for d in data))
+        out = (c_uint32 * cap)()
+        offs = (c_size_t * (n + 1))()
+        check(_encode_batch(self._h, ptrs, lens, n, special, threads, out, cap, offs))
+        return [out[offs[i]:offs[i + 1]] for i in range(n)]
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        ids = list(ids)
+        arr = (c_uint32 * max(1, len(ids)))(*ids)
+        need = c_size_t()
+        rc = _decode(self._h, arr, len(ids), None, 0, ctypes.byref(need))
+        if rc < 0 and need.value == 0 and ids:
+            check(rc)
+        buf = ctypes.create_string_buffer(max(1, need.value))
+        check(_decode(self._h, arr, len(ids), buf, need.value, ctypes.byref(need)))
+        return buf.raw[:need.value]
+
+    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors=errors)

@@ -1,0 +1,186 @@
+/*
+ * tok/tok_internal.h — the tokenizer's data structures, shared by the
+ * loaders (tiktoken.c, hf_json.c), the builder (vocab.c), the split regex
+ * (split.c) and the encoder (encode.c).
+ *
+ * A tio_tok is built once and then only read:
+ *   - every token's bytes live in one arena, found by id through tok_off /
+ *     tok_len (UINT32_MAX offset: no token with that id);
+ *   - `pieces`: open-addressing hash table bytes -> id for whole-piece
+ *     lookup (only tokens that BPE would produce from their own bytes);
+ *   - `pairs`: open-addressing hash table (left id, right id) -> (merge rank,
+ *     merged id), so the merge loop never hashes bytes;
+ *   - special tokens sorted by first byte, then longest first;
+ *   - up to TOK_MAX_STAGES compiled split regexes, applied in turn.
+ * Per-thread scratch (tok_ctx) hangs off a pthread key of the tio_tok.
+ */
+#ifndef TERAIO_TOK_INTERNAL_H
+#define TERAIO_TOK_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "teraio/tok.h"
+#include "teraio_config.h"
+
+#if TIO_HAVE_PCRE2
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#endif
+
+#define TOK_NONE UINT32_MAX
+#define TOK_MAX_STAGES 4
+
+typedef struct {
+    uint32_t id;  /* TOK_NONE: empty slot */
+    uint32_t tag; /* high 32 bits of the piece's hash */
+} tok_piece_slot;
+
+typedef struct {
+    uint64_t key; /* (left << 32) | right; UINT64_MAX: empty slot */
+    uint32_t rank;
+    uint32_t id;
+} tok_pair_slot;
+
+typedef struct {
+    uint32_t off, len, id; /* text in the arena */
+} tok_special;
+
+typedef struct {
+#if TIO_HAVE_PCRE2
+    pcre2_code *code;
+    bool jit;
+#endif
+    bool keep_gaps; /* text between matches is a piece too (HF "Isolated") */
+} tok_stage;
+
+typedef struct tok_ctx tok_ctx;
+
+struct tio_tok {
+    uint32_t n_ids;
+    uint8_t *arena;
+    size_t arena_len, arena_cap;
+    uint32_t *tok_off, *tok_len; /* [n_ids] */
+
+    tok_piece_slot *pieces;
+    uint32_t piece_mask;
+    uint32_t max_piece_len;
+
+    tok_pair_slot *pairs;
+    uint32_t pair_mask;
+
+    uint32_t byte_id[256];
+
+    tok_special *specials;
+    uint32_t n_specials;
+    uint16_t special_first[256], special_count[256]; /* index range per first byte */
+    int n_special_first;                             /* distinct first bytes */
+    uint8_t special_byte;                            /* the one, when there is one */
+
+    int n_stages;
+    tok_stage stages[TOK_MAX_STAGES];
+    bool add_prefix_space; /* HF ByteLevel: prepend ' ' to each stretch of text */
+    bool always_special;   /* HF: added tokens are always recognised */
+
+    pthread_key_t key;
+    bool key_created;
+    pthread_mutex_t ctx_lock;
+    tok_ctx *ctxs;
+};
+
+/* Prefix the last error message with "<where><at>: "; returns rc. */
+int tok_fail_at(int rc, const char *where, const char *at);
+
+/* ---- vocab.c: building ------------------------------------------------- */
+
+/* A fresh, empty tio_tok (arena, specials and tables unset). */
+int tok_new(tio_tok **out);
+/* Size the id tables for ids [0, n_ids); all start as "no token". */
+int tok_set_ids(tio_tok *tok, uint32_t n_ids);
+/* Append bytes to the arena; *off receives where they went. */
+int tok_arena_add(tio_tok *tok, const void *bytes, size_t len, uint32_t *off);
+/* Build `pieces` over every token that is not special (ids in is_special
+ * are skipped when it is not NULL).  Duplicate token bytes: TIO_EPARSE. */
+int tok_build_pieces(tio_tok *tok, const uint8_t *is_special);
+/* Look a byte string up in `pieces`; TOK_NONE when absent. */
+uint32_t tok_piece_find(const tio_tok *tok, const uint8_t *p, size_t n);
+/* Size `pairs` for n entries; then insert (overwriting an equal key). */
+int tok_pairs_init(tio_tok *tok, size_t n);
+void tok_pair_put(tio_tok *tok, uint32_t left, uint32_t right, uint32_t rank, uint32_t id);
+/* tiktoken: pairs from every split of every token into two tokens. */
+int tok_pairs_from_ranks(tio_tok *tok);
+/* Fill byte_id; TIO_EPARSE naming the first byte without a token. */
+int tok_find_byte_ids(tio_tok *tok, const char *where);
+/* Register the special tokens (texts already in the arena) and index them
+ * by first byte.  Empty or repeated texts: TIO_EPARSE. */
+int tok_set_specials(tio_tok *tok, const tok_special *list, uint32_t n);
+/* HF without ignore_merges: keep in `pieces` only tokens whose own bytes
+ * BPE-merge to themselves. */
+int tok_prune_unreachable(tio_tok *tok);
+
+/* ---- split.c: the split regex ------------------------------------------ */
+
+/* Compile `pattern` as stage tok->n_stages (PCRE2, UTF, \s rewritten). */
+int tok_add_stage(tio_tok *tok, const char *pattern, size_t len, bool keep_gaps);
+void tok_free_stages(tio_tok *tok);
+
+/* ---- encode.c ---------------------------------------------------------- */
+
+/* BPE-merge bytes p[0..n) into ids (at most n written); returns the count.
+ * Used by tok_prune_unreachable with the caller's scratch. */
+size_t tok_merge_bytes(const tio_tok *tok, const uint8_t *p, size_t n, uint32_t *ids);
+/* Create the pthread key of the per-thread state; free all of it. */
+int tok_init_ctxs(tio_tok *tok);
+void tok_free_ctxs(tio_tok *tok);
+
+/* Hash of a byte string (also picks the cache slot). */
+static inline uint64_t tok_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
+        h ^= h >> 31;
+        p += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t v = 0;
+        if (n >= 4) {
+            uint32_t a, b;
+            memcpy(&a, p, 4);
+            memcpy(&b, p + n - 4, 4);
+            v = ((uint64_t)a << 32) | b;
+        } else {
+            v = ((uint64_t)p[0] << 16) | ((uint64_t)p[n / 2] << 8) | p[n - 1];
+        }
+        h = (h ^ v) * 0xff51afd7ed558ccdull;
+    }
+    h ^= h >> 29;
+    h *= 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 32);
+}
+
+static inline uint64_t tok_pair_hash(uint64_t key)
+{
+    key *= 0x9e3779b97f4a7c15ull;
+    return key ^ (key >> 29);
+}
+
+/* (rank, id) of the pair, rank UINT32_MAX when it does not merge. */
+static inline const tok_pair_slot *tok_pair_find(const tio_tok *tok, uint32_t left, uint32_t right)
+{
+    uint64_t key = ((uint64_t)left << 32) | right;
+    uint32_t i = (uint32_t)(tok_pair_hash(key) >> 32) & tok->pair_mask;
+    for (;;) {
+        const tok_pair_slot *s = &tok->pairs[i];
+        if (s->key == key || s->key == UINT64_MAX)
+            return s;
+        i = (i + 1) & tok->pair_mask;
+    }
+}
+
+#endif
