@@ -1,0 +1,251 @@
+/*
+ * teraio/data.h — the streaming, stateful, rescalable data loader.
+ *
+ * The design follows IBM's fms-fsdp loader (StreamingDocDataset,
+ * ScalableShardDataset, SamplingDataset; github.com/foundation-model-stack/
+ * fms-fsdp, fms_fsdp/utils/dataset_utils.py), rebuilt in C:
+ *
+ *   dataset root/
+ *     <sub-dataset>/ ... files        one folder per sub-dataset; nested
+ *                                      folders allowed; files sorted by path
+ *
+ * Sources (by file name):
+ *   NAME.idx + NAME.bin   Megatron MMIDIDX v1 (every dtype code 1..8); a
+ *                         document is the concatenation of its sequences
+ *   NAME.bin (no .idx)    llm.c token shard: 256 int32 header, magic
+ *                         20240520 (uint16 tokens) or 20240801 (uint32);
+ *                         documents are split at the delimiter token, which
+ *                         is not part of any document
+ *   NAME.arrow            Arrow IPC file or stream: a `tokens` column of
+ *                         integers, one record batch per document
+ *   NAME.jsonl[.gz|.zst]  one JSON object per line; the string field
+ *                         `text` (configurable) is tokenized on the fly
+ *   counts.csv            optional, in the root: lines "sub/rel/path,docs,tokens"
+ *                         (tokens may be 0 = unknown); listed files are not
+ *                         opened until read
+ *
+ * Logical shards: each sub-dataset's files, concatenated in sorted order, are
+ * cut into L logical shards of equal bytes (a document belongs to the shard
+ * holding its estimated start byte: file start + doc * file bytes / docs).
+ * Shard s of every sub-dataset belongs to rank s % world_size.  A shard's
+ * position is four integers (epoch, file-range cursor, document cursor,
+ * documents consumed).  Within an epoch a shard visits its file ranges in a
+ * seeded order and the documents of each range through a keyed bijection of
+ * [0, n) (a 4-round Feistel network with cycle walking), so nothing is
+ * precomputed.  A rank draws its next document of a sub-dataset from its
+ * shards of the lowest epoch, picking a shard with probability proportional
+ * to its documents remaining.  When all of them are exhausted, they enter the
+ * next epoch together.
+ *
+ * Mixing: the next document comes from the sub-dataset furthest below its
+ * target share of the tokens this rank has packed (deterministic).
+ *
+ * Packing: each document is packed as [BOS] tokens EOS (its "packed length"
+ * is len + 1, + 1 with BOS); samples hold seq_len + 1 consecutive packed
+ * tokens (inputs = [0, seq_len), labels = [1, seq_len]); documents longer than
+ * a sample continue in the next one.  Samples then pass a shuffle buffer.
+ *
+ * A span (tio_data_span) names a piece of one document: its offset and
+ * length count packed tokens (offset 0 is the BOS when enabled, else the
+ * document's first token; the last packed token is the EOS).  Within an
+ * epoch the spans delivered by all ranks tile every document exactly once.
+ *
+ * State: tio_loader_state() serializes a rank's position after the last
+ * sample returned by tio_loader_next (never counting samples still queued):
+ * its shards' positions, the spans of its partial sample, of the rest of the
+ * document being packed and of its shuffle buffer, and its mixing counters.
+ * Rescaling from N to M ranks: pass all N states to tio_loader_create; shard
+ * states are dealt to their new owners (s % M), old rank i's spans go to new
+ * rank i % M, mixing counters are summed and split evenly.  The format is in
+ * docs/loader.md.
+ *
+ * Thread-safety: a tio_dataset is immutable after tio_dataset_open and may be
+ * shared by loaders in any threads.  A tio_loader is used by one thread at a
+ * time (it runs its own prefetch thread inside).
+ */
+#ifndef TERAIO_DATA_H
+#define TERAIO_DATA_H
+
+#include "teraio/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- tokenizer interface --------------------------------------------------
+ * JSONL text is turned into ids through this table.  `encode` writes at most
+ * `cap` ids of `text` (`len` bytes of UTF-8, not NUL-terminated) into `ids`
+ * and returns the number of ids the text needs (which may exceed `cap`: the
+ * caller grows its buffer and calls again), or a negative error code.  It is
+ * called from loader threads, several at once: it must be thread-safe.
+ * `name` identifies the vocabulary and enters the state fingerprint. */
+typedef struct tio_data_tokenizer {
+    const char *name;
+    void *ctx;
+    int64_t (*encode)(void *ctx, const char *text, size_t len, uint32_t *ids, size_t cap);
+} tio_data_tokenizer;
+
+/* The byte-level tokenizer: each byte b becomes id b (0..255); name "bytes".
+ * Static; never NULL. */
+TIO_API const tio_data_tokenizer *tio_data_tokenizer_bytes(void);
+
+/* ---- dataset ------------------------------------------------------------- */
+enum { TIO_DATA_JSONL_ERROR = 0, TIO_DATA_JSONL_SKIP = 1 };
+
+typedef struct tio_dataset_options {
+    const tio_data_tokenizer *tokenizer; /* JSONL tokenizer; NULL: bytes */
+    const char *text_field;              /* JSONL field; NULL: "text" */
+    int jsonl_errors;    /* TIO_DATA_JSONL_ERROR: a malformed line fails the read
+                            naming file and line; TIO_DATA_JSONL_SKIP: it is read
+                            as an empty document and counted (tio_dataset_info) */
+    int64_t llmc_delimiter; /* llm.c document delimiter; -1: 50256 for magic
+                               20240520, 128000 for 20240801 */
+} tio_dataset_options;
+
+/* Defaults described above. */
+TIO_API void tio_dataset_options_default(tio_dataset_options *opts);
+
+typedef struct tio_dataset tio_dataset;
+
+/* Scan `root`: one sub-dataset per folder directly under it (a folder with
+ * no data file is skipped), data files found recursively and sorted by
+ * relative path, counts.csv applied.  Token files (.idx, llm.c, Arrow) not in
+ * the counts file are opened and validated now; JSONL files are read once to
+ * count their lines.  `opts` may be NULL (defaults).  `*out` is owned by the
+ * caller (tio_dataset_destroy).
+ * Errors: -ENOENT/-ENOTDIR (root), -ENODATA (no sub-dataset), TIO_EPARSE
+ * (malformed file: message names file, offset and what was expected, e.g.
+ * "a/x.idx: bad magic", "a/x.idx: sequence 3 ends at byte 812 past the end
+ * of a/x.bin (800 bytes)"), TIO_EVERSION (.idx version not 1), -ENOMEM, -EIO. */
+TIO_API int tio_dataset_open(const char *root, const tio_dataset_options *opts,
+                             tio_dataset **out);
+TIO_API void tio_dataset_destroy(tio_dataset *ds);
+
+typedef struct tio_data_subdataset_info {
+    const char *name;      /* folder name; valid while the dataset lives */
+    uint32_t n_files;
+    uint64_t n_docs;
+    uint64_t bytes;        /* bytes used for cutting logical shards */
+    uint64_t n_tokens;     /* tokens of token files (0 for JSONL: unknown) */
+    uint64_t lines_skipped;/* malformed JSONL lines skipped while counting */
+} tio_data_subdataset_info;
+
+TIO_API uint32_t tio_dataset_n_subdatasets(const tio_dataset *ds);
+/* Fill *info for sub-dataset `i` (< n_subdatasets, else -EINVAL). */
+TIO_API int tio_dataset_info(const tio_dataset *ds, uint32_t i, tio_data_subdataset_info *info);
+/* Path of file `file` of sub-dataset `sub`, relative to the root; NULL if
+ * out of range.  Valid while the dataset lives. */
+TIO_API const char *tio_dataset_file_path(const tio_dataset *ds, uint32_t sub, uint32_t file);
+/* Number of documents of one file, or a negative error. */
+TIO_API int64_t tio_dataset_file_docs(const tio_dataset *ds, uint32_t sub, uint32_t file);
+
+/* Read document `doc` of file `file` of sub-dataset `sub` as token ids into
+ * *ids (malloc'ed, caller frees; *ids may be NULL when *n is 0).
+ * Errors: -EINVAL (index out of range), TIO_EPARSE (malformed content, e.g. a
+ * Megatron float token that is not a non-negative integer, a bad JSONL line
+ * with TIO_DATA_JSONL_ERROR), -ENOMEM, -EIO.  Thread-safe. */
+TIO_API int tio_dataset_read_doc(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
+                                 uint32_t **ids, uint64_t *n);
+
+/* ---- loader -------------------------------------------------------------- */
+typedef struct tio_loader_options {
+    uint32_t seq_len;        /* inputs per sample; a sample holds seq_len + 1 tokens */
+    uint32_t rank;           /* data-parallel rank, < world_size */
+    uint32_t world_size;     /* data-parallel ranks (GPU x loader worker) */
+    uint64_t seed;
+    uint32_t logical_shards; /* L, default 2048; >= world_size */
+    uint32_t shuffle_buffer; /* samples held for the post-packing shuffle (0: off);
+                                default 64 */
+    uint32_t eos_id;         /* appended to every document; default 0 */
+    bool bos;                /* prepend bos_id to every document; default false */
+    uint32_t bos_id;
+    uint32_t n_weights;      /* mixing weights by sub-dataset name; absent names */
+    const char *const *weight_names; /* weigh 1.0 each, weight 0 excludes one;  */
+    const double *weights;           /* n_weights 0: all 1.0                     */
+    uint32_t prefetch;       /* samples produced ahead by the loader's thread
+                                (0: no thread, samples made inside next); default 8 */
+} tio_loader_options;
+
+TIO_API void tio_loader_options_default(tio_loader_options *opts);
+
+typedef struct tio_data_span {
+    uint32_t subdataset;  /* index in the dataset */
+    uint32_t file;        /* file index in the sub-dataset */
+    uint64_t doc;         /* document index in the file */
+    uint32_t offset;      /* first packed token of the document in this span */
+    uint32_t length;      /* packed tokens */
+    uint32_t epoch;       /* epoch of the logical shard the document came from */
+} tio_data_span;
+
+/* One sample; arrays owned by the loader, valid until the next
+ * tio_loader_next or tio_loader_destroy. */
+typedef struct tio_data_sample {
+    uint64_t index;          /* samples delivered by this rank before this one */
+    uint32_t seq_len;
+    const uint32_t *tokens;  /* seq_len + 1 ids: input_ids = [0, seq_len), labels = [1, seq_len] */
+    const uint32_t *position_ids; /* seq_len: restart at 0 at each document piece */
+    uint32_t n_segments;     /* document pieces among the inputs */
+    const uint32_t *cu_seqlens;   /* n_segments + 1 offsets: 0, ..., seq_len */
+    uint32_t n_spans;        /* provenance: pieces of all seq_len + 1 tokens, in order */
+    const tio_data_span *spans;
+} tio_data_sample;
+
+typedef struct tio_loader tio_loader;
+
+/* Create rank opts->rank's loader over `ds` (which must outlive it).
+ * n_states == 0: start fresh.  Otherwise states[i] (lens[i] bytes, as made by
+ * tio_loader_state) are either this rank's own state (n_states 1, same world
+ * size), or the states of every rank of a previous run of any world size N
+ * (n_states == N, in any order): the position is re-dealt as described above.
+ * Sub-datasets are matched by name: one no longer present is dropped (logged),
+ * a new one starts at epoch 0; when the weights or the set of sub-datasets
+ * changed, the mixing counters are re-based so that the new weights hold from
+ * here on.  The resumed position is logged (TIO_LOG_INFO).
+ * Errors: -EINVAL (bad options: seq_len 0, world_size 0, rank >= world_size,
+ * logical_shards < world_size, negative weight, unknown weight name, all
+ * weights 0), -ENODATA (this rank owns no document), TIO_ECORRUPT (state
+ * checksum), TIO_EPARSE (malformed state), TIO_EVERSION (state version),
+ * TIO_ESTATE (fingerprint mismatch: a state of another dataset or settings;
+ * states of different runs; a rank missing or repeated), -ENOMEM, -EAGAIN
+ * (thread creation). */
+TIO_API int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
+                              const void *const *states, const size_t *lens, uint32_t n_states,
+                              tio_loader **out);
+/* Stops the prefetch thread and frees everything.  NULL is a no-op. */
+TIO_API void tio_loader_destroy(tio_loader *ld);
+
+/* Deliver the next sample into *out (see tio_data_sample for lifetimes).
+ * Never ends: shards loop over epochs.  Errors: those of reading a document
+ * (TIO_EPARSE naming file and document, -EIO, -ENOMEM); after an error the
+ * loader keeps returning it. */
+TIO_API int tio_loader_next(tio_loader *ld, const tio_data_sample **out);
+
+/* Serialize this rank's state after the last delivered sample into *buf
+ * (malloc'ed, caller frees) of *len bytes.  Errors: -ENOMEM, a read error
+ * replaying queued samples. */
+TIO_API int tio_loader_state(tio_loader *ld, void **buf, size_t *len);
+
+/* Write the state atomically (temporary file, fsync, rename) to `path`;
+ * after a crash `path` holds either the old or the new state.
+ * Errors: those of tio_loader_state, -errno of the file system (naming the path). */
+TIO_API int tio_loader_save(tio_loader *ld, const char *path);
+
+/* Read a state file into *buf (malloc'ed) and check its header and checksum.
+ * Errors: -ENOENT etc. naming the file, TIO_ECORRUPT, TIO_EPARSE, TIO_EVERSION. */
+TIO_API int tio_loader_state_read(const char *path, void **buf, size_t *len);
+
+typedef struct tio_data_position {
+    uint32_t epoch;          /* lowest epoch of this rank's shards of the sub-dataset */
+    uint64_t docs_consumed;  /* documents drawn from them in that epoch */
+    uint64_t docs_total;     /* documents in them */
+    uint64_t tokens_packed;  /* mixing counter: packed tokens taken by this rank */
+} tio_data_position;
+
+/* Position of sub-dataset `sub` after the last delivered sample (-EINVAL if
+ * out of range).  A sub-dataset with weight 0 reports its shards untouched. */
+TIO_API int tio_loader_position(tio_loader *ld, uint32_t sub, tio_data_position *pos);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,439 @@
+/*
+ * data/formats.c — parsers of the token file formats the loader reads in
+ * place (memory-mapped): Megatron MMIDIDX v1 indexes, llm.c shard headers and
+ * Arrow IPC files (flatbuffer metadata decoded here; no Arrow library).
+ *
+ * Every parser bounds-checks each read against the buffer it was given and
+ * reports the first problem as TIO_EPARSE naming the file and byte offset.
+ *
+ * Sources: megatron/core/datasets/indexed_dataset.py (_IndexWriter: magic
+ * "MMIDIDX\0\0", u64 version 1, u8 dtype, u64 sequence count, u64 document
+ * count, int32 lengths, int64 byte pointers, int64 document indices);
+ * karpathy/llm.c dev/data/data_common.py (256 int32 header: magic, version,
+ * token count); Arrow columnar format spec, "Serialization and IPC"
+ * (arrow.apache.org/docs/format/Columnar.html) and format/Message.fbs,
+ * Schema.fbs, File.fbs.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "data/data_internal.h"
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint16_t rd16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+uint64_t tio_mmidx_u64(const uint8_t *p, uint64_t i) { return rd64(p + 8 * i); }
+uint32_t tio_mmidx_u32(const uint8_t *p, uint64_t i) { return rd32(p + 4 * i); }
+
+/* ---- Megatron MMIDIDX ----------------------------------------------------- */
+
+int tio_mmidx_dtype_size(uint8_t code)
+{
+    /* 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16 */
+    static const int sizes[9] = {0, 1, 1, 2, 4, 8, 8, 4, 2};
+    return code >= 1 && code <= 8 ? sizes[code] : 0;
+}
+
+int tio_mmidx_parse(const uint8_t *buf, size_t len, uint64_t bin_bytes, const char *name,
+                    tio_mmidx *out)
+{
+    static const uint8_t magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+    memset(out, 0, sizeof *out);
+    if (len < 34)
+        return tio_fail(TIO_EPARSE, "%s: truncated header (%zu bytes, expected 34)", name, len);
+    if (memcmp(buf, magic, 9) != 0)
+        return tio_fail(TIO_EPARSE, "%s: bad magic (expected \"MMIDIDX\\0\\0\")", name);
+    uint64_t version = rd64(buf + 9);
+    if (version != 1)
+        return tio_fail(TIO_EVERSION, "%s: version %llu (only version 1 is supported)", name,
+                        (unsigned long long)version);
+    out->dtype = buf[17];
+    int w = tio_mmidx_dtype_size(out->dtype);
+    if (!w)
+        return tio_fail(TIO_EPARSE, "%s: offset 17: unknown dtype code %u (expected 1..8)", name,
+                        out->dtype);
+    out->n_seqs = rd64(buf + 18);
+    uint64_t n_doc_idx = rd64(buf + 26);
+    if (n_doc_idx == 0)
+        return tio_fail(TIO_EPARSE, "%s: offset 26: document count 0 (expected >= 1)", name);
+    uint64_t avail = len - 34;
+    if (out->n_seqs > avail / 12 || n_doc_idx > (avail - out->n_seqs * 12) / 8)
+        return tio_fail(TIO_EPARSE, "%s: truncated: %llu sequences and %llu document indices "
+                        "need more than %zu bytes", name, (unsigned long long)out->n_seqs,
+                        (unsigned long long)n_doc_idx, len);
+    out->lengths = buf + 34;
+    out->pointers = out->lengths + 4 * out->n_seqs;
+    out->doc_index = out->pointers + 8 * out->n_seqs;
+    out->n_docs = n_doc_idx - 1;
+    uint64_t prev = 0;
+    for (uint64_t i = 0; i <= out->n_docs; i++) {
+        uint64_t d = rd64(out->doc_index + 8 * i);
+        if ((i == 0 && d != 0) || d < prev || d > out->n_seqs || (i == out->n_docs && d != out->n_seqs))
+            return tio_fail(TIO_EPARSE, "%s: document index %llu is %lld (expected non-decreasing "
+                            "from 0 to %llu)", name, (unsigned long long)i, (long long)d,
+                            (unsigned long long)out->n_seqs);
+        prev = d;
+    }
+    for (uint64_t i = 0; i < out->n_seqs; i++) {
+        int32_t l = (int32_t)rd32(out->lengths + 4 * i);
+        int64_t p = (int64_t)rd64(out->pointers + 8 * i);
+        if (l < 0 || p < 0)
+            return tio_fail(TIO_EPARSE, "%s: sequence %llu: negative length or pointer", name,
+                            (unsigned long long)i);
+        if (bin_bytes != UINT64_MAX &&
+            ((uint64_t)p > bin_bytes || (uint64_t)l * (uint64_t)w > bin_bytes - (uint64_t)p))
+            return tio_fail(TIO_EPARSE, "%s: sequence %llu ends at byte %llu past the end of the "
+                            ".bin (%llu bytes)", name, (unsigned long long)i,
+                            (unsigned long long)((uint64_t)p + (uint64_t)l * (uint64_t)w),
+                            (unsigned long long)bin_bytes);
+    }
+    return 0;
+}
+
+/* ---- llm.c ---------------------------------------------------------------- */
+
+int tio_llmc_parse_header(const uint8_t *buf, size_t len, const char *name, int *width,
+                          uint64_t *n_tokens, uint32_t *default_delim)
+{
+    if (len < 1024)
+        return tio_fail(TIO_EPARSE, "%s: truncated llm.c header (%zu bytes, expected 1024)", name, len);
+    uint32_t magic = rd32(buf), version = rd32(buf + 4);
+    if (magic == 20240520 && version == 1) {
+        *width = 2;
+        *default_delim = 50256;
+    } else if (magic == 20240801 && version == 7) {
+        *width = 4;
+        *default_delim = 128000;
+    } else {
+        return tio_fail(TIO_EPARSE, "%s: llm.c header magic %u version %u (expected 20240520 v1 "
+                        "or 20240801 v7)", name, magic, version);
+    }
+    int32_t n = (int32_t)rd32(buf + 8);
+    if (n < 0 || (uint64_t)n * (uint64_t)*width > len - 1024)
+        return tio_fail(TIO_EPARSE, "%s: header says %d tokens but the file holds %zu token bytes",
+                        name, n, len - 1024);
+    *n_tokens = (uint64_t)n;
+    return 0;
+}
+
+/* ---- flatbuffers (read side) ---------------------------------------------- */
+
+typedef struct {
+    const uint8_t *b;
+    size_t len;
+    const char *name;
+    size_t base; /* file offset of b[0], for messages */
+} fb;
+
+static int fb_err(const fb *f, size_t at, const char *what)
+{
+    return tio_fail(TIO_EPARSE, "%s: offset %zu: %s", f->name, f->base + at, what);
+}
+
+/* Table at `t`: returns vtable field `id`'s absolute position, 0 if absent,
+ * or SIZE_MAX on a bounds error (message set). */
+static size_t fb_field(const fb *f, size_t t, unsigned id, size_t size)
+{
+    if (t > f->len || f->len - t < 4) {
+        fb_err(f, t, "flatbuffer table out of bounds");
+        return SIZE_MAX;
+    }
+    int64_t vt = (int64_t)t - (int32_t)rd32(f->b + t);
+    if (vt < 0 || (uint64_t)vt + 4 > f->len) {
+        fb_err(f, t, "flatbuffer vtable out of bounds");
+        return SIZE_MAX;
+    }
+    uint16_t vsize = rd16(f->b + vt);
+    if (vsize < 4 || (uint64_t)vt + vsize > f->len || vsize % 2) {
+        fb_err(f, (size_t)vt, "bad flatbuffer vtable size");
+        return SIZE_MAX;
+    }
+    if (4 + 2u * id + 2 > vsize)
+        return 0;
+    uint16_t off = rd16(f->b + vt + 4 + 2 * id);
+    if (!off)
+        return 0;
+    if (t + off + size > f->len) {
+        fb_err(f, t, "flatbuffer field out of bounds");
+        return SIZE_MAX;
+    }
+    return t + off;
+}
+
+/* Follow the uoffset at position `p` (a table, vector or string). */
+static size_t fb_deref(const fb *f, size_t p)
+{
+    uint32_t o = rd32(f->b + p);
+    if (p + (uint64_t)o + 4 > f->len) {
+        fb_err(f, p, "flatbuffer offset out of bounds");
+        return SIZE_MAX;
+    }
+    return p + o;
+}
+
+/* Vector at `v` with `elem`-byte elements: returns count or -1. */
+static int64_t fb_vector(const fb *f, size_t v, size_t elem)
+{
+    uint32_t n = rd32(f->b + v);
+    if ((uint64_t)n * elem > f->len - v - 4) {
+        fb_err(f, v, "flatbuffer vector out of bounds");
+        return -1;
+    }
+    return n;
+}
+
+/* ---- Arrow IPC ------------------------------------------------------------ */
+
+enum { ARROW_TYPE_NULL = 1, ARROW_TYPE_INT = 2 };
+enum { ARROW_MSG_SCHEMA = 1, ARROW_MSG_DICT = 2, ARROW_MSG_BATCH = 3 };
+
+/* Buffers a field of type union tag `tag` has in a record batch body, or -1
+ * for types whose layout (nested, variadic) this reader does not walk. */
+static int arrow_buffer_count(uint8_t tag)
+{
+    switch (tag) {
+    case 1: return 0;                      /* Null */
+    case 2: case 3: case 6: case 7: case 8: case 9: case 10: case 11: case 15: case 18:
+        return 2;                          /* Int, Float, Bool, Decimal, Date, Time,
+                                              Timestamp, Interval, FixedSizeBinary, Duration */
+    case 4: case 5: case 19: case 20:      /* Binary, Utf8, LargeBinary, LargeUtf8 */
+        return 3;
+    default: return -1;
+    }
+}
+
+typedef struct {
+    int column;        /* index of the tokens field */
+    int buffer_index;  /* index of its data buffer in a batch's buffer list */
+    int width;
+    bool is_signed;
+} arrow_schema;
+
+static int arrow_parse_schema(const fb *f, size_t schema, const char *column, arrow_schema *s)
+{
+    size_t p = fb_field(f, schema, 1, 4);
+    if (p == SIZE_MAX)
+        return TIO_EPARSE;
+    if (!p)
+        return fb_err(f, schema, "schema without fields");
+    size_t v = fb_deref(f, p);
+    if (v == SIZE_MAX)
+        return TIO_EPARSE;
+    int64_t n = fb_vector(f, v, 4);
+    if (n < 0)
+        return TIO_EPARSE;
+    int buffers = 0;
+    s->column = -1;
+    for (int64_t i = 0; i < n; i++) {
+        size_t field = fb_deref(f, v + 4 + 4 * (size_t)i);
+        if (field == SIZE_MAX)
+            return TIO_EPARSE;
+        size_t pn = fb_field(f, field, 0, 4), pt = fb_field(f, field, 2, 1),
+               pty = fb_field(f, field, 3, 4);
+        if (pn == SIZE_MAX || pt == SIZE_MAX || pty == SIZE_MAX)
+            return TIO_EPARSE;
+        uint8_t tag = pt ? f->b[pt] : 0;
+        bool match = false;
+        if (pn) {
+            size_t str = fb_deref(f, pn);
+            if (str == SIZE_MAX)
+                return TIO_EPARSE;
+            int64_t sl = fb_vector(f, str, 1);
+            if (sl < 0)
+                return TIO_EPARSE;
+            match = (size_t)sl == strlen(column) && !memcmp(f->b + str + 4, column, (size_t)sl);
+        }
+        if (match) {
+            if (tag != ARROW_TYPE_INT || !pty)
+                return fb_err(f, field, "the tokens column is not of an integer type");
+            size_t ty = fb_deref(f, pty);
+            if (ty == SIZE_MAX)
+                return TIO_EPARSE;
+            size_t pw = fb_field(f, ty, 0, 4), ps = fb_field(f, ty, 1, 1);
+            if (pw == SIZE_MAX || ps == SIZE_MAX)
+                return TIO_EPARSE;
+            int32_t bits = pw ? (int32_t)rd32(f->b + pw) : 0;
+            if (bits != 8 && bits != 16 && bits != 32 && bits != 64)
+                return fb_err(f, ty, "integer bit width not 8, 16, 32 or 64");
+            s->column = (int)i;
+            s->buffer_index = buffers + 1;
+            s->width = bits / 8;
+            s->is_signed = ps && f->b[ps];
+            return 0;
+        }
+        size_t pc = fb_field(f, field, 5, 4);
+        if (pc == SIZE_MAX)
+            return TIO_EPARSE;
+        int nb = arrow_buffer_count(tag);
+        if (nb < 0 || pc) {
+            /* children present: a nested column before the tokens column */
+            if (pc) {
+                size_t cv = fb_deref(f, pc);
+                if (cv == SIZE_MAX)
+                    return TIO_EPARSE;
+                int64_t nc = fb_vector(f, cv, 4);
+                if (nc < 0)
+                    return TIO_EPARSE;
+                if (nc > 0 || nb < 0)
+                    return fb_err(f, field, "a nested or variadic column precedes the tokens column");
+            } else {
+                return fb_err(f, field, "a nested or variadic column precedes the tokens column");
+            }
+        }
+        buffers += nb;
+    }
+    return tio_fail(TIO_EPARSE, "%s: no column named '%s'", f->name, column);
+}
+
+static int arrow_parse_batch(const fb *f, size_t batch, const arrow_schema *s, uint64_t body_off,
+                             uint64_t body_len, tio_arrow_batch *out)
+{
+    size_t pnodes = fb_field(f, batch, 1, 4), pbufs = fb_field(f, batch, 2, 4),
+           pcomp = fb_field(f, batch, 3, 4);
+    if (pnodes == SIZE_MAX || pbufs == SIZE_MAX || pcomp == SIZE_MAX)
+        return TIO_EPARSE;
+    if (pcomp)
+        return fb_err(f, batch, "compressed record batches are not supported");
+    if (!pnodes || !pbufs)
+        return fb_err(f, batch, "record batch without nodes or buffers");
+    size_t nv = fb_deref(f, pnodes), bv = fb_deref(f, pbufs);
+    if (nv == SIZE_MAX || bv == SIZE_MAX)
+        return TIO_EPARSE;
+    int64_t nn = fb_vector(f, nv, 16), nb = fb_vector(f, bv, 16);
+    if (nn < 0 || nb < 0)
+        return TIO_EPARSE;
+    if (s->column >= nn || s->buffer_index >= nb)
+        return fb_err(f, batch, "record batch has fewer columns than the schema");
+    uint64_t count = rd64(f->b + nv + 4 + 16 * (size_t)s->column);
+    uint64_t nulls = rd64(f->b + nv + 4 + 16 * (size_t)s->column + 8);
+    if (nulls)
+        return fb_err(f, batch, "the tokens column has nulls");
+    uint64_t boff = rd64(f->b + bv + 4 + 16 * (size_t)s->buffer_index);
+    uint64_t blen = rd64(f->b + bv + 4 + 16 * (size_t)s->buffer_index + 8);
+    if (count > (UINT64_MAX / 8) || blen < count * (uint64_t)s->width || boff > body_len ||
+        blen > body_len - boff)
+        return fb_err(f, batch, "tokens buffer out of the message body");
+    out->offset = body_off + boff;
+    out->count = count;
+    return 0;
+}
+
+void tio_arrow_index_free(tio_arrow_index *ix)
+{
+    free(ix->batches);
+    memset(ix, 0, sizeof *ix);
+}
+
+/* Walk the encapsulated messages from `pos`: <0xFFFFFFFF> <int32 metadata
+ * length> <flatbuffer Message> <body>, until end-of-stream (length 0) or the
+ * end of the buffer (the file format's footer follows end-of-stream). */
+int tio_arrow_parse(const uint8_t *buf, size_t len, const char *column, const char *name,
+                    tio_arrow_index *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t pos = 0;
+    if (len >= 8 && !memcmp(buf, "ARROW1\0\0", 8))
+        pos = 8;
+    arrow_schema schema = {.column = -1};
+    uint32_t cap = 0;
+    int rc = 0;
+    while (pos + 4 <= len) {
+        uint32_t mlen = rd32(buf + pos);
+        size_t start = pos;
+        pos += 4;
+        if (mlen == 0xFFFFFFFFu) {
+            if (pos + 4 > len) {
+                rc = tio_fail(TIO_EPARSE, "%s: offset %zu: truncated message length", name, pos);
+                break;
+            }
+            mlen = rd32(buf + pos);
+            pos += 4;
+        }
+        if (mlen == 0)
+            break;
+        if (mlen > len - pos) {
+            rc = tio_fail(TIO_EPARSE, "%s: offset %zu: message metadata of %u bytes past the end",
+                          name, start, mlen);
+            break;
+        }
+        fb f = {buf + pos, mlen, name, pos};
+        if (mlen < 4) {
+            rc = fb_err(&f, 0, "message too short");
+            break;
+        }
+        size_t msg = fb_deref(&f, 0);
+        size_t ptype = msg == SIZE_MAX ? SIZE_MAX : fb_field(&f, msg, 1, 1);
+        size_t phdr = ptype == SIZE_MAX ? SIZE_MAX : fb_field(&f, msg, 2, 4);
+        size_t pbody = phdr == SIZE_MAX ? SIZE_MAX : fb_field(&f, msg, 3, 8);
+        if (pbody == SIZE_MAX) {
+            rc = TIO_EPARSE;
+            break;
+        }
+        uint8_t type = ptype ? f.b[ptype] : 0;
+        int64_t body_len = pbody ? (int64_t)rd64(f.b + pbody) : 0;
+        size_t hdr = phdr ? fb_deref(&f, phdr) : SIZE_MAX;
+        pos += mlen;
+        if (body_len < 0 || (uint64_t)body_len > len - pos) {
+            rc = tio_fail(TIO_EPARSE, "%s: offset %zu: message body of %lld bytes past the end",
+                          name, start, (long long)body_len);
+            break;
+        }
+        if (!phdr || hdr == SIZE_MAX) {
+            rc = phdr ? TIO_EPARSE : fb_err(&f, 0, "message without header");
+            break;
+        }
+        if (type == ARROW_MSG_SCHEMA) {
+            if (schema.column >= 0) {
+                rc = fb_err(&f, 0, "second schema message");
+                break;
+            }
+            if ((rc = arrow_parse_schema(&f, hdr, column, &schema)) != 0)
+                break;
+        } else if (type == ARROW_MSG_BATCH) {
+            if (schema.column < 0) {
+                rc = fb_err(&f, 0, "record batch before the schema");
+                break;
+            }
+            if ((rc = tio_grow((void **)&out->batches, &cap, out->n_batches + 1,
+                               sizeof *out->batches)) != 0)
+                break;
+            if ((rc = arrow_parse_batch(&f, hdr, &schema, pos, (uint64_t)body_len,
+                                        &out->batches[out->n_batches])) != 0)
+                break;
+            out->n_batches++;
+        } else if (type == ARROW_MSG_DICT) {
+            rc = fb_err(&f, 0, "dictionary batches are not supported");
+            break;
+        } else {
+            rc = fb_err(&f, 0, "unexpected message type (expected schema or record batch)");
+            break;
+        }
+        pos += (size_t)body_len;
+    }
+    if (!rc && schema.column < 0)
+        rc = tio_fail(TIO_EPARSE, "%s: no schema message (not an Arrow IPC file?)", name);
+    if (rc) {
+        tio_arrow_index_free(out);
+        return rc;
+    }
+    out->width = schema.width;
+    out->is_signed = schema.is_signed;
+    return 0;
+}

@@ -1,0 +1,849 @@
+/*
+ * data/loader.c — logical shards, shuffling, mixing, packing and the shuffle
+ * buffer (the generator), and the threaded loader around it.
+ *
+ * Why a generator value plus snapshots: the state to save is the one after
+ * the last *delivered* sample, while the prefetch thread is ahead of it.
+ * Because the stream is deterministic, the state after delivering sample k
+ * is the state the producer had right after making sample k.  The producer
+ * serializes its state every `prefetch` samples; saving restores the newest
+ * snapshot at or before the delivered count into a scratch generator and
+ * replays the few samples in between.  Nothing in the queue is ever counted.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "data/loader_internal.h"
+
+void tio_loader_options_default(tio_loader_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->seq_len = 2048;
+    opts->world_size = 1;
+    opts->logical_shards = 2048;
+    opts->shuffle_buffer = 64;
+    opts->prefetch = 8;
+}
+
+/* ---- logical shards ------------------------------------------------------- */
+
+typedef unsigned __int128 u128;
+
+/* Shard of document j of a file of n docs, size B, starting at F, in a
+ * sub-dataset of size T cut into L shards. */
+static uint32_t shard_of(uint64_t F, uint64_t B, uint64_t n, uint64_t j, uint64_t T, uint32_t L)
+{
+    u128 num = ((u128)F * n + (u128)j * B) * L;
+    return (uint32_t)(num / ((u128)T * n));
+}
+
+static int plan_shards(tio_gen_sub *gs, const tio_data_sub *sub, uint32_t L)
+{
+    bool by_bytes = sub->bytes > 0;
+    uint64_t T = by_bytes ? sub->bytes : sub->n_docs, F = 0;
+    uint32_t cap = 0;
+    gs->shards = calloc(L, sizeof *gs->shards);
+    if (!gs->shards)
+        return tio_fail(-ENOMEM, "out of memory");
+    for (uint32_t f = 0; f < sub->n_files; f++) {
+        const tio_data_file *file = &sub->files[f];
+        uint64_t n = file->n_docs, B = by_bytes ? file->bytes : n;
+        if (n == 0) {
+            F += B;
+            continue;
+        }
+        uint64_t j = 0;
+        while (j < n) {
+            uint32_t s = shard_of(F, B, n, j, T, L);
+            /* last document of shard s: binary search on the monotone shard_of */
+            uint64_t lo = j, hi = n - 1;
+            while (lo < hi) {
+                uint64_t mid = lo + (hi - lo + 1) / 2;
+                if (shard_of(F, B, n, mid, T, L) == s)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            int rc = tio_grow((void **)&gs->ranges, &cap, gs->n_ranges + 1, sizeof *gs->ranges);
+            if (rc)
+                return rc;
+            gs->ranges[gs->n_ranges] = (tio_shard_range){f, j, lo + 1};
+            tio_shard_def *d = &gs->shards[s];
+            if (d->n_ranges == 0)
+                d->first_range = gs->n_ranges;
+            d->n_ranges++;
+            d->n_docs += lo + 1 - j;
+            gs->n_ranges++;
+            j = lo + 1;
+        }
+        F += B;
+    }
+    return 0;
+}
+
+static uint64_t name_key(const char *name)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001B3ull;
+    return tio_mix64(h);
+}
+
+static uint64_t settings_fingerprint(const tio_dataset *ds, const tio_loader_options *o)
+{
+    uint64_t h = tio_mix64(0x7465726169ull);
+    uint64_t vals[] = {o->logical_shards, o->seed, o->seq_len, o->eos_id, o->bos, o->bos_id,
+                       (uint64_t)ds->opts.llmc_delimiter, (uint64_t)ds->opts.jsonl_errors};
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+        h = tio_mix64(h ^ vals[i]);
+    h = tio_mix64(h ^ name_key(ds->opts.tokenizer->name ? ds->opts.tokenizer->name : ""));
+    return tio_mix64(h ^ name_key(ds->text_field));
+}
+
+void tio_gen_sample_free(tio_gen_sample *s)
+{
+    free(s->tokens);
+    free(s->spans);
+    memset(s, 0, sizeof *s);
+}
+
+int tio_gen_sample_push(tio_gen_sample *s, const tio_data_span *sp)
+{
+    int rc = tio_grow((void **)&s->spans, &s->cap_spans, s->n_spans + 1, sizeof *s->spans);
+    if (rc)
+        return rc;
+    s->spans[s->n_spans++] = *sp;
+    return 0;
+}
+
+static int sample_alloc(tio_gen_sample *s, uint32_t S)
+{
+    if (!s->tokens && !(s->tokens = malloc((size_t)S * sizeof *s->tokens)))
+        return tio_fail(-ENOMEM, "out of memory");
+    return 0;
+}
+
+int tio_gen_pending_push(tio_gen *g, const tio_data_span *sp)
+{
+    if (g->pend_head > 0 && g->pend_head + g->n_pending == g->cap_pending) {
+        memmove(g->pending, g->pending + g->pend_head, g->n_pending * sizeof *g->pending);
+        g->pend_head = 0;
+    }
+    int rc = tio_grow((void **)&g->pending, &g->cap_pending, g->pend_head + g->n_pending + 1,
+                      sizeof *g->pending);
+    if (rc)
+        return rc;
+    g->pending[g->pend_head + g->n_pending++] = *sp;
+    return 0;
+}
+
+int tio_gen_init(tio_gen *g, tio_dataset *ds, const tio_loader_options *opts)
+{
+    memset(g, 0, sizeof *g);
+    g->ds = ds;
+    g->opts = *opts;
+    g->opts.weight_names = NULL;
+    g->opts.weights = NULL;
+    g->opts.n_weights = 0;
+    g->S = opts->seq_len + 1;
+    g->fingerprint = settings_fingerprint(ds, opts);
+    int rc = tio_data_reader_create(ds, &g->reader);
+    if (rc)
+        return rc;
+    g->subs = calloc(ds->n_subs, sizeof *g->subs);
+    if (!g->subs)
+        return tio_fail(-ENOMEM, "out of memory");
+    double total = 0;
+    for (uint32_t d = 0; d < ds->n_subs; d++) {
+        double w = 1.0;
+        for (uint32_t k = 0; k < opts->n_weights; k++)
+            if (!strcmp(opts->weight_names[k], ds->subs[d].name))
+                w = opts->weights[k];
+        g->subs[d].weight = w;
+        total += w;
+    }
+    for (uint32_t d = 0; d < ds->n_subs; d++) {
+        tio_gen_sub *gs = &g->subs[d];
+        gs->weight /= total;
+        gs->key = name_key(ds->subs[d].name);
+        if ((rc = plan_shards(gs, &ds->subs[d], opts->logical_shards)) != 0)
+            return rc;
+        uint32_t L = opts->logical_shards;
+        gs->n_owned = (L - opts->rank + opts->world_size - 1) / opts->world_size;
+        gs->owned = calloc(gs->n_owned ? gs->n_owned : 1, sizeof *gs->owned);
+        gs->pos = calloc(gs->n_owned ? gs->n_owned : 1, sizeof *gs->pos);
+        if (!gs->owned || !gs->pos)
+            return tio_fail(-ENOMEM, "out of memory");
+        for (uint32_t i = 0; i < gs->n_owned; i++) {
+            gs->owned[i] = opts->rank + i * opts->world_size;
+            gs->owned_docs += gs->shards[gs->owned[i]].n_docs;
+        }
+    }
+    if (opts->shuffle_buffer) {
+        g->buf = calloc(opts->shuffle_buffer, sizeof *g->buf);
+        if (!g->buf)
+            return tio_fail(-ENOMEM, "out of memory");
+        g->cap_buf = opts->shuffle_buffer;
+    }
+    return sample_alloc(&g->partial, g->S);
+}
+
+void tio_gen_free(tio_gen *g)
+{
+    if (g->subs)
+        for (uint32_t d = 0; d < g->ds->n_subs; d++) {
+            free(g->subs[d].ranges);
+            free(g->subs[d].shards);
+            free(g->subs[d].owned);
+            free(g->subs[d].pos);
+        }
+    free(g->subs);
+    tio_data_reader_destroy(g->reader);
+    free(g->pending);
+    tio_gen_sample_free(&g->partial);
+    for (uint32_t i = 0; i < g->cap_buf; i++)
+        tio_gen_sample_free(&g->buf[i]);
+    free(g->buf);
+    memset(g, 0, sizeof *g);
+}
+
+/* ---- drawing documents ----------------------------------------------------- */
+
+/* The next document of an owned shard, in its shuffled order. */
+static void shard_next(const tio_gen *g, const tio_gen_sub *gs, uint32_t s, tio_shard_pos *p,
+                       uint32_t *file, uint64_t *doc)
+{
+    const tio_shard_def *def = &gs->shards[s];
+    uint64_t key = tio_mix64(g->opts.seed ^ gs->key ^ tio_mix64(((uint64_t)s << 32) | p->epoch));
+    for (;;) {
+        uint64_t ri = tio_permute(p->r, def->n_ranges, key);
+        const tio_shard_range *rg = &gs->ranges[def->first_range + ri];
+        uint64_t len = rg->hi - rg->lo;
+        if (p->j >= len) {
+            p->r++;
+            p->j = 0;
+            continue;
+        }
+        *file = rg->file;
+        *doc = rg->lo + tio_permute(p->j, len, tio_mix64(key ^ (ri + 1)));
+        p->j++;
+        p->consumed++;
+        if (p->j == len) {
+            p->r++;
+            p->j = 0;
+        }
+        return;
+    }
+}
+
+/* Lowest epoch among owned non-empty shards (UINT32_MAX: none), with the
+ * documents left in it and those consumed. */
+static uint32_t sub_peek(const tio_gen_sub *gs, uint64_t *remaining, uint64_t *consumed)
+{
+    uint32_t e = UINT32_MAX;
+    for (uint32_t i = 0; i < gs->n_owned; i++)
+        if (gs->shards[gs->owned[i]].n_docs && gs->pos[i].epoch < e)
+            e = gs->pos[i].epoch;
+    uint64_t rem = 0, con = 0;
+    for (uint32_t i = 0; i < gs->n_owned; i++)
+        if (gs->shards[gs->owned[i]].n_docs && gs->pos[i].epoch == e) {
+            rem += gs->shards[gs->owned[i]].n_docs - gs->pos[i].consumed;
+            con += gs->pos[i].consumed;
+        }
+    *remaining = rem;
+    *consumed = con;
+    return e;
+}
+
+/* Same, first moving the shards of a finished epoch into the next one. */
+static uint32_t sub_epoch(tio_gen_sub *gs, uint64_t *remaining, uint64_t *consumed)
+{
+    for (;;) {
+        uint32_t e = sub_peek(gs, remaining, consumed);
+        if (*remaining || e == UINT32_MAX)
+            return e;
+        for (uint32_t i = 0; i < gs->n_owned; i++)
+            if (gs->shards[gs->owned[i]].n_docs && gs->pos[i].epoch == e)
+                gs->pos[i] = (tio_shard_pos){.epoch = e + 1};
+    }
+}
+
+/* The position a reader sees: a finished epoch reads as the next one. */
+static void sub_position(const tio_gen_sub *gs, tio_data_position *p)
+{
+    uint64_t rem, con;
+    uint32_t e = sub_peek(gs, &rem, &con);
+    if (e == UINT32_MAX)
+        e = 0;
+    else if (rem == 0)
+        e++, con = 0;
+    p->epoch = e;
+    p->docs_consumed = con;
+    p->docs_total = gs->owned_docs;
+    p->tokens_packed = gs->tokens;
+}
+
+/* Mixing: the sub-dataset furthest below its share of the tokens drawn. */
+static int pick_sub(const tio_gen *g)
+{
+    uint64_t total = 0;
+    for (uint32_t d = 0; d < g->ds->n_subs; d++)
+        if (g->subs[d].weight > 0 && g->subs[d].owned_docs)
+            total += g->subs[d].tokens;
+    int best = -1;
+    double best_deficit = 0;
+    for (uint32_t d = 0; d < g->ds->n_subs; d++) {
+        const tio_gen_sub *gs = &g->subs[d];
+        if (gs->weight <= 0 || !gs->owned_docs)
+            continue;
+        double deficit = gs->weight * (double)total - (double)gs->tokens;
+        if (best < 0 || deficit > best_deficit) {
+            best = (int)d;
+            best_deficit = deficit;
+        }
+    }
+    return best;
+}
+
+static int draw_doc(tio_gen *g)
+{
+    for (;;) {
+        int d = pick_sub(g);
+        if (d < 0)
+            return tio_fail(-ENODATA, "rank %u owns no document of a sub-dataset with weight > 0",
+                            g->opts.rank);
+        tio_gen_sub *gs = &g->subs[d];
+        uint64_t rem, con;
+        uint32_t e = sub_epoch(gs, &rem, &con);
+        uint64_t u = tio_mix64(g->opts.seed ^ gs->key ^ tio_mix64(((uint64_t)e << 40) ^ con)) % rem;
+        uint32_t i = 0;
+        for (;; i++) {
+            const tio_shard_def *def = &gs->shards[gs->owned[i]];
+            if (!def->n_docs || gs->pos[i].epoch != e)
+                continue;
+            uint64_t left = def->n_docs - gs->pos[i].consumed;
+            if (u < left)
+                break;
+            u -= left;
+        }
+        uint32_t file;
+        uint64_t doc, len;
+        shard_next(g, gs, gs->owned[i], &gs->pos[i], &file, &doc);
+        int rc = tio_data_doc_len(g->reader, (uint32_t)d, file, doc, &len);
+        if (rc)
+            return rc;
+        if (len == 0)
+            continue; /* empty documents (or skipped JSONL lines) pack nothing */
+        uint64_t vlen = len + 1 + (g->opts.bos ? 1 : 0);
+        if (vlen > UINT32_MAX)
+            return tio_fail(-EOVERFLOW, "%s: document %llu has more than 2^32 tokens",
+                            g->ds->subs[d].files[file].rel, (unsigned long long)doc);
+        gs->tokens += vlen;
+        tio_data_span sp = {(uint32_t)d, file, doc, 0, (uint32_t)vlen, e};
+        return tio_gen_pending_push(g, &sp);
+    }
+}
+
+int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst)
+{
+    uint64_t len;
+    int rc = tio_data_doc_len(g->reader, sp->subdataset, sp->file, sp->doc, &len);
+    if (rc)
+        return rc;
+    uint32_t bos = g->opts.bos ? 1 : 0;
+    uint64_t vlen = len + 1 + bos, a = sp->offset, b = (uint64_t)sp->offset + sp->length;
+    if (b > vlen)
+        return tio_fail(TIO_ESTATE, "%s: document %llu has %llu packed tokens, the state names "
+                        "[%llu, %llu)", g->ds->subs[sp->subdataset].files[sp->file].rel,
+                        (unsigned long long)sp->doc, (unsigned long long)vlen,
+                        (unsigned long long)a, (unsigned long long)b);
+    if (bos && a == 0) {
+        *dst++ = g->opts.bos_id;
+        a = 1;
+    }
+    uint64_t tb = b < vlen ? b : vlen - 1; /* end of the document's own tokens */
+    if (tb > a) {
+        if ((rc = tio_data_doc_read(g->reader, sp->subdataset, sp->file, sp->doc, a - bos, tb - a,
+                                    dst)) != 0)
+            return rc;
+        dst += tb - a;
+    }
+    if (b == vlen)
+        *dst = g->opts.eos_id;
+    return 0;
+}
+
+/* Fill the partial sample up to S tokens. */
+static int pack(tio_gen *g)
+{
+    tio_gen_sample *s = &g->partial;
+    while (s->fill < g->S) {
+        if (!g->n_pending) {
+            int rc = draw_doc(g);
+            if (rc)
+                return rc;
+        }
+        tio_data_span *sp = &g->pending[g->pend_head];
+        uint32_t n = g->S - s->fill < sp->length ? g->S - s->fill : sp->length;
+        tio_data_span piece = *sp;
+        piece.length = n;
+        int rc = tio_gen_read_span(g, &piece, s->tokens + s->fill);
+        if (!rc)
+            rc = tio_gen_sample_push(s, &piece);
+        if (rc)
+            return rc;
+        s->fill += n;
+        sp->offset += n;
+        sp->length -= n;
+        if (!sp->length) {
+            g->pend_head++;
+            if (--g->n_pending == 0)
+                g->pend_head = 0;
+        }
+    }
+    return 0;
+}
+
+static void sample_swap(tio_gen_sample *a, tio_gen_sample *b)
+{
+    tio_gen_sample t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static void sample_reset(tio_gen_sample *s)
+{
+    s->fill = 0;
+    s->n_spans = 0;
+}
+
+int tio_gen_next(tio_gen *g, tio_gen_sample *out)
+{
+    int rc;
+    if ((rc = sample_alloc(out, g->S)) != 0)
+        return rc;
+    uint64_t pick = tio_mix64(g->opts.seed ^ 0x5348554646ull ^ tio_mix64(g->produced));
+    for (;;) {
+        if (g->n_buf > g->opts.shuffle_buffer) { /* after a rescale or a smaller buffer */
+            uint32_t i = (uint32_t)(pick % g->n_buf);
+            sample_swap(out, &g->buf[i]);
+            sample_swap(&g->buf[i], &g->buf[g->n_buf - 1]);
+            g->n_buf--;
+            break;
+        }
+        if ((rc = pack(g)) != 0)
+            return rc;
+        if (g->opts.shuffle_buffer == 0) {
+            sample_swap(out, &g->partial);
+            break;
+        }
+        if (g->n_buf < g->opts.shuffle_buffer) {
+            if ((rc = tio_grow((void **)&g->buf, &g->cap_buf, g->n_buf + 1, sizeof *g->buf)) != 0)
+                return rc;
+            sample_swap(&g->buf[g->n_buf++], &g->partial);
+            if ((rc = sample_alloc(&g->partial, g->S)) != 0)
+                return rc;
+            sample_reset(&g->partial);
+            continue;
+        }
+        uint32_t i = (uint32_t)(pick % g->n_buf);
+        sample_swap(out, &g->buf[i]);
+        sample_swap(&g->buf[i], &g->partial);
+        break;
+    }
+    if ((rc = sample_alloc(&g->partial, g->S)) != 0)
+        return rc;
+    sample_reset(&g->partial);
+    g->produced++;
+    return 0;
+}
+
+/* ---- the threaded loader --------------------------------------------------- */
+
+typedef struct {
+    uint64_t index;
+    void *blob;
+    size_t len;
+} snapshot;
+
+struct tio_loader {
+    tio_dataset *ds;
+    tio_loader_options opts;
+    tio_gen gen;
+    /* queue */
+    pthread_t thread;
+    bool running, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    tio_gen_sample *slots;
+    uint32_t n_slots, head, count;
+    int error;
+    char error_msg[1024];
+    snapshot *snaps;
+    uint32_t n_snaps, cap_snaps;
+    uint64_t snap_every;
+    /* delivery */
+    uint64_t delivered;
+    tio_gen_sample cur;
+    uint32_t *pos_ids, *cu;
+    tio_data_sample sample;
+    /* copies of the weight arrays (opts points at them) */
+    char **weight_names;
+    double *weights;
+};
+
+static int add_snapshot(tio_loader *ld)
+{
+    snapshot s = {ld->gen.produced, NULL, 0};
+    int rc = tio_gen_serialize(&ld->gen, &s.blob, &s.len);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&ld->lock);
+    rc = tio_grow((void **)&ld->snaps, &ld->cap_snaps, ld->n_snaps + 1, sizeof *ld->snaps);
+    if (!rc)
+        ld->snaps[ld->n_snaps++] = s;
+    pthread_mutex_unlock(&ld->lock);
+    if (rc)
+        free(s.blob);
+    return rc;
+}
+
+static void *producer(void *arg)
+{
+    tio_loader *ld = arg;
+    tio_gen_sample local = {0};
+    for (;;) {
+        int rc = tio_gen_next(&ld->gen, &local);
+        if (!rc && ld->gen.produced % ld->snap_every == 0)
+            rc = add_snapshot(ld);
+        pthread_mutex_lock(&ld->lock);
+        if (rc) {
+            ld->error = rc;
+            snprintf(ld->error_msg, sizeof ld->error_msg, "%s", tio_last_error());
+            pthread_cond_broadcast(&ld->cond);
+            pthread_mutex_unlock(&ld->lock);
+            break;
+        }
+        while (ld->count == ld->n_slots && !ld->stop)
+            pthread_cond_wait(&ld->cond, &ld->lock);
+        if (ld->stop) {
+            pthread_mutex_unlock(&ld->lock);
+            break;
+        }
+        uint32_t tail = (ld->head + ld->count) % ld->n_slots;
+        sample_swap(&ld->slots[tail], &local);
+        ld->count++;
+        pthread_cond_broadcast(&ld->cond);
+        pthread_mutex_unlock(&ld->lock);
+    }
+    tio_gen_sample_free(&local);
+    return NULL;
+}
+
+static int validate(const tio_dataset *ds, const tio_loader_options *o)
+{
+    if (o->seq_len == 0 || o->seq_len >= UINT32_MAX - 1)
+        return tio_fail(-EINVAL, "seq_len must be in [1, 2^32 - 2)");
+    if (o->world_size == 0 || o->rank >= o->world_size)
+        return tio_fail(-EINVAL, "rank %u must be below world_size %u", o->rank, o->world_size);
+    if (o->logical_shards < o->world_size)
+        return tio_fail(-EINVAL, "logical_shards (%u) must be >= world_size (%u)",
+                        o->logical_shards, o->world_size);
+    double total = 0;
+    for (uint32_t k = 0; k < o->n_weights; k++) {
+        if (!(o->weights[k] >= 0) || o->weights[k] > 1e300)
+            return tio_fail(-EINVAL, "weight of '%s' must be a finite number >= 0",
+                            o->weight_names[k]);
+        bool found = false;
+        for (uint32_t d = 0; d < ds->n_subs; d++)
+            found |= !strcmp(ds->subs[d].name, o->weight_names[k]);
+        if (!found)
+            return tio_fail(-EINVAL, "weight for unknown sub-dataset '%s'", o->weight_names[k]);
+    }
+    for (uint32_t d = 0; d < ds->n_subs; d++) {
+        double w = 1.0;
+        for (uint32_t k = 0; k < o->n_weights; k++)
+            if (!strcmp(o->weight_names[k], ds->subs[d].name))
+                w = o->weights[k];
+        total += w;
+    }
+    if (!(total > 0))
+        return tio_fail(-EINVAL, "all sub-dataset weights are 0");
+    return 0;
+}
+
+void tio_loader_destroy(tio_loader *ld)
+{
+    if (!ld)
+        return;
+    if (ld->running) {
+        pthread_mutex_lock(&ld->lock);
+        ld->stop = true;
+        pthread_cond_broadcast(&ld->cond);
+        pthread_mutex_unlock(&ld->lock);
+        pthread_join(ld->thread, NULL);
+    }
+    tio_gen_free(&ld->gen);
+    for (uint32_t i = 0; i < ld->n_slots; i++)
+        tio_gen_sample_free(&ld->slots[i]);
+    free(ld->slots);
+    for (uint32_t i = 0; i < ld->n_snaps; i++)
+        free(ld->snaps[i].blob);
+    free(ld->snaps);
+    tio_gen_sample_free(&ld->cur);
+    free(ld->pos_ids);
+    free(ld->cu);
+    for (uint32_t k = 0; ld->weight_names && k < ld->opts.n_weights; k++)
+        free(ld->weight_names[k]);
+    free(ld->weight_names);
+    free(ld->weights);
+    pthread_mutex_destroy(&ld->lock);
+    pthread_cond_destroy(&ld->cond);
+    free(ld);
+}
+
+static void log_position(tio_loader *ld, bool resumed)
+{
+    for (uint32_t d = 0; d < ld->ds->n_subs; d++) {
+        tio_data_position p;
+        sub_position(&ld->gen.subs[d], &p);
+        tio_log(TIO_LOG_INFO, "data loader rank %u/%u %s '%s': epoch %u, %llu of %llu documents "
+                "consumed, %llu tokens packed, sample %llu", ld->opts.rank, ld->opts.world_size,
+                resumed ? "resumed" : "starts", ld->ds->subs[d].name, p.epoch,
+                (unsigned long long)p.docs_consumed, (unsigned long long)p.docs_total,
+                (unsigned long long)p.tokens_packed, (unsigned long long)ld->gen.produced);
+    }
+}
+
+int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
+                      const void *const *states, const size_t *lens, uint32_t n_states,
+                      tio_loader **out)
+{
+    *out = NULL;
+    int rc = validate(ds, opts);
+    if (rc)
+        return rc;
+    tio_loader *ld = calloc(1, sizeof *ld);
+    if (!ld)
+        return tio_fail(-ENOMEM, "out of memory");
+    pthread_mutex_init(&ld->lock, NULL);
+    pthread_cond_init(&ld->cond, NULL);
+    ld->ds = ds;
+    ld->opts = *opts;
+    ld->weight_names = calloc(opts->n_weights + 1, sizeof *ld->weight_names);
+    ld->weights = calloc(opts->n_weights + 1, sizeof *ld->weights);
+    bool oom = !ld->weight_names || !ld->weights;
+    for (uint32_t k = 0; !oom && k < opts->n_weights; k++) {
+        ld->weights[k] = opts->weights[k];
+        oom = !(ld->weight_names[k] = strdup(opts->weight_names[k]));
+    }
+    ld->opts.weight_names = (const char *const *)ld->weight_names;
+    ld->opts.weights = ld->weights;
+    if (oom) {
+        tio_loader_destroy(ld);
+        return tio_fail(-ENOMEM, "out of memory");
+    }
+    if ((rc = tio_gen_init(&ld->gen, ds, opts)) != 0 ||
+        (n_states && (rc = tio_gen_load(&ld->gen, states, lens, n_states)) != 0)) {
+        tio_loader_destroy(ld);
+        return rc;
+    }
+    ld->delivered = ld->gen.produced;
+    ld->pos_ids = malloc((size_t)opts->seq_len * sizeof *ld->pos_ids);
+    ld->cu = malloc(((size_t)opts->seq_len + 1) * sizeof *ld->cu);
+    if (!ld->pos_ids || !ld->cu) {
+        tio_loader_destroy(ld);
+        return tio_fail(-ENOMEM, "out of memory");
+    }
+    if (pick_sub(&ld->gen) < 0) {
+        tio_loader_destroy(ld);
+        return tio_fail(-ENODATA, "rank %u of %u owns no document (logical_shards %u): use fewer "
+                        "ranks or smaller logical shards", opts->rank, opts->world_size,
+                        opts->logical_shards);
+    }
+    log_position(ld, n_states > 0);
+    if (opts->prefetch) {
+        ld->n_slots = opts->prefetch;
+        ld->snap_every = opts->prefetch;
+        ld->slots = calloc(ld->n_slots, sizeof *ld->slots);
+        if (!ld->slots || (rc = add_snapshot(ld)) != 0) {
+            tio_loader_destroy(ld);
+            return rc ? rc : tio_fail(-ENOMEM, "out of memory");
+        }
+        if ((rc = pthread_create(&ld->thread, NULL, producer, ld)) != 0) {
+            tio_loader_destroy(ld);
+            return tio_fail(-rc, "cannot start the loader thread: %s", strerror(rc));
+        }
+        ld->running = true;
+    }
+    *out = ld;
+    return 0;
+}
+
+/* Segments, position ids and the public view of the current sample. */
+static void describe(tio_loader *ld)
+{
+    tio_gen_sample *s = &ld->cur;
+    uint32_t L = ld->opts.seq_len, at = 0, nseg = 0;
+    ld->cu[0] = 0;
+    for (uint32_t i = 0; i < s->n_spans && at < L; i++) {
+        uint32_t n = s->spans[i].length;
+        if (n > L - at)
+            n = L - at;
+        for (uint32_t k = 0; k < n; k++)
+            ld->pos_ids[at + k] = k;
+        at += n;
+        ld->cu[++nseg] = at;
+    }
+    ld->sample = (tio_data_sample){.index = ld->delivered, .seq_len = L, .tokens = s->tokens,
+                                   .position_ids = ld->pos_ids, .n_segments = nseg,
+                                   .cu_seqlens = ld->cu, .n_spans = s->n_spans, .spans = s->spans};
+}
+
+int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
+{
+    *out = NULL;
+    if (!ld->running) {
+        int rc = tio_gen_next(&ld->gen, &ld->cur);
+        if (rc)
+            return rc;
+    } else {
+        pthread_mutex_lock(&ld->lock);
+        while (ld->count == 0 && !ld->error)
+            pthread_cond_wait(&ld->cond, &ld->lock);
+        if (ld->count == 0) {
+            int rc = ld->error;
+            tio_fail(rc, "%s", ld->error_msg);
+            pthread_mutex_unlock(&ld->lock);
+            return rc;
+        }
+        sample_swap(&ld->cur, &ld->slots[ld->head]);
+        ld->head = (ld->head + 1) % ld->n_slots;
+        ld->count--;
+        /* drop snapshots that a save can no longer need */
+        uint32_t keep = 0;
+        while (keep + 1 < ld->n_snaps && ld->snaps[keep + 1].index <= ld->delivered + 1)
+            keep++;
+        for (uint32_t i = 0; i < keep; i++)
+            free(ld->snaps[i].blob);
+        memmove(ld->snaps, ld->snaps + keep, (ld->n_snaps - keep) * sizeof *ld->snaps);
+        ld->n_snaps -= keep;
+        pthread_cond_broadcast(&ld->cond);
+        pthread_mutex_unlock(&ld->lock);
+    }
+    describe(ld);
+    ld->delivered++;
+    *out = &ld->sample;
+    return 0;
+}
+
+/* A generator at the delivered position (caller frees with tio_gen_free). */
+static int delivered_gen(tio_loader *ld, tio_gen *g)
+{
+    void *blob = NULL;
+    size_t len = 0;
+    uint64_t index = 0;
+    int rc = 0;
+    pthread_mutex_lock(&ld->lock);
+    int best = -1;
+    for (uint32_t i = 0; i < ld->n_snaps; i++)
+        if (ld->snaps[i].index <= ld->delivered)
+            best = (int)i;
+    if (best < 0) {
+        rc = tio_fail(TIO_ESTATE, "no snapshot at or before sample %llu",
+                      (unsigned long long)ld->delivered);
+    } else if (!(blob = malloc(ld->snaps[best].len))) {
+        rc = tio_fail(-ENOMEM, "out of memory");
+    } else {
+        memcpy(blob, ld->snaps[best].blob, ld->snaps[best].len);
+        len = ld->snaps[best].len;
+        index = ld->snaps[best].index;
+    }
+    pthread_mutex_unlock(&ld->lock);
+    if (rc)
+        return rc;
+    tio_loader_options o = ld->opts;
+    o.prefetch = 0;
+    const void *states[1] = {blob};
+    if ((rc = tio_gen_init(g, ld->ds, &o)) == 0)
+        rc = tio_gen_load(g, states, &len, 1);
+    for (uint64_t k = index; !rc && k < ld->delivered; k++) {
+        tio_gen_sample tmp = {0};
+        rc = tio_gen_next(g, &tmp);
+        tio_gen_sample_free(&tmp);
+    }
+    free(blob);
+    if (rc)
+        tio_gen_free(g);
+    return rc;
+}
+
+int tio_loader_state(tio_loader *ld, void **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    if (!ld->running)
+        return tio_gen_serialize(&ld->gen, buf, len);
+    tio_gen g;
+    int rc = delivered_gen(ld, &g);
+    if (rc)
+        return rc;
+    rc = tio_gen_serialize(&g, buf, len);
+    tio_gen_free(&g);
+    return rc;
+}
+
+int tio_loader_save(tio_loader *ld, const char *path)
+{
+    void *buf;
+    size_t len;
+    int rc = tio_loader_state(ld, &buf, &len);
+    if (rc)
+        return rc;
+    tio_atomic_file af;
+    if ((rc = tio_atomic_open(&af, path)) == 0) {
+        if (fwrite(buf, 1, len, af.f) != len) {
+            int e = errno ? errno : EIO;
+            tio_atomic_abort(&af);
+            rc = tio_fail(-e, "%s: write failed: %s", path, strerror(e));
+        } else {
+            rc = tio_atomic_commit(&af);
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+int tio_loader_state_read(const char *path, void **buf, size_t *len)
+{
+    char *text;
+    size_t n;
+    int rc = tio_read_file(path, &text, &n);
+    if (rc)
+        return rc;
+    if ((rc = tio_state_check(text, n, path)) != 0) {
+        free(text);
+        return rc;
+    }
+    *buf = text;
+    *len = n;
+    return 0;
+}
+
+int tio_loader_position(tio_loader *ld, uint32_t sub, tio_data_position *pos)
+{
+    if (sub >= ld->ds->n_subs)
+        return tio_fail(-EINVAL, "sub-dataset %u out of range (%u)", sub, ld->ds->n_subs);
+    tio_gen scratch, *g = &ld->gen;
+    int rc = 0;
+    if (ld->running) {
+        if ((rc = delivered_gen(ld, &scratch)) != 0)
+            return rc;
+        g = &scratch;
+    }
+    sub_position(&g->subs[sub], pos);
+    if (g == &scratch)
+        tio_gen_free(&scratch);
+    return 0;
+}
