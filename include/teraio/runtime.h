@@ -91,7 +91,13 @@ TIO_API int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr
  * Returns 0 or TIO_EUNKNOWN. */
 TIO_API int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor);
 
-/* Start of a training iteration (kernel index restarts at 0). */
+/* Start of a training iteration (kernel index restarts at 0).  The first
+ * call also puts tensors where the plan's steady state has them at kernel 0:
+ * a tensor whose wrap-around period has it on SSD/host across the iteration
+ * boundary is offloaded now (synchronously: write, wait, release), and one
+ * whose offload is still being written at kernel 0 has that write started,
+ * so the first iteration already stays within the planned memory.
+ * Returns 0 or a negative error of those offloads (message names the tensor). */
 TIO_API int tio_runtime_iteration_begin(tio_runtime *rt);
 
 /* Kernel k (name as in the trace) is about to run: fire its migrations.

@@ -187,7 +187,10 @@ def run_b(args) -> dict:
     read_gbps, write_gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
     capacity = args.capacity_bytes
     progress("run B: planning")
-    plan = Plan.build(trace, lt, capacity, ssd_read_gbps=read_gbps * args.bandwidth_derate,
+    # The trace models an intermediate tensor as freed at its last use;
+    # autograd releases saved tensors when a backward node finishes, a few
+    # kernels later.  Plan slightly below the capacity to leave room for it.
+    plan = Plan.build(trace, lt, int(capacity * (1 - args.plan_headroom)), ssd_read_gbps=read_gbps * args.bandwidth_derate,
                       ssd_write_gbps=write_gbps * args.bandwidth_derate, host_cap_bytes=0)
     plan.save(os.path.join(args.out, "plan.tio"))
     rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
@@ -220,11 +223,10 @@ def run_b(args) -> dict:
 # ----------------------------------------------------------------- parent ---
 
 def child(role: str, args, extra: list[str]) -> dict:
+    """Run one side of the comparison in its own process, with the same
+    settings as this one."""
     out = os.path.join(args.out, f"run_{role.lower()}.json")
-    cmd = [sys.executable, "-m", "teraio.demo", "--child", role, "--out", args.out,
-           "--iterations", str(args.iterations), *extra]
-    for d in args.ssd or []:
-        cmd += ["--ssd", d]
+    cmd = [sys.executable, "-m", "teraio.demo", *args.argv, "--out", args.out, "--child", role, *extra]
     if os.path.exists(out):
         os.unlink(out)
     rc = subprocess.call(cmd)
@@ -320,6 +322,8 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity-fraction", type=float, default=0.5, help="capacity as a share of run A's peak")
     ap.add_argument("--bandwidth-derate", type=float, default=0.7,
                     help="share of the measured SSD bandwidth the planner may book")
+    ap.add_argument("--plan-headroom", type=float, default=0.03,
+                    help="plan for this share below the capacity (default 0.03)")
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=6)
@@ -330,6 +334,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", choices=["A", "B"], help=argparse.SUPPRESS)
     ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.iterations < 4:
         ap.error("--iterations must be >= 4")
     if not args.child:

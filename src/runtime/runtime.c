@@ -562,13 +562,68 @@ int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor)
     return rc;
 }
 
+/* The prefetch trigger that ends offload `o`'s stay away from the device:
+ * the same tensor's prefetch whose trigger comes first, cyclically, at or
+ * after o's deadline.  Returns false if the plan has none. */
+static bool matching_prefetch(const tio_plan *plan, const tio_migration *o, uint32_t *trigger)
+{
+    uint32_t n = plan->n_kernels, best = UINT32_MAX;
+    for (uint32_t i = 0; i < plan->n_migrations; i++) {
+        const tio_migration *m = &plan->migrations[i];
+        if (m->tensor != o->tensor || m->kind != TIO_MIGRATION_PREFETCH)
+            continue;
+        uint32_t dist = (m->trigger_kernel + n - o->deadline_kernel) % n;
+        if (dist < best) {
+            best = dist;
+            *trigger = m->trigger_kernel;
+        }
+    }
+    return best != UINT32_MAX;
+}
+
+/* Before the first iteration run under the plan, put every tensor where the
+ * steady state has it at kernel 0.  A plan's wrap-around periods start in
+ * the tail of one iteration and end in the next; the first iteration has no
+ * predecessor, so without this its global tensors would all start resident
+ * and the memory would exceed the plan until their next offload.  Two cases:
+ *   the offload's deadline wraps (deadline < trigger): the write is in
+ *     flight at kernel 0 — start it now; the deadline releases the memory;
+ *   the offload completed before the end (deadline > trigger) and the
+ *     prefetch trigger wraps (prefetch trigger < deadline): the tensor is
+ *     away at kernel 0 — write it now, wait, release. */
+static int place_initially(tio_runtime *rt)
+{
+    const tio_plan *plan = rt->plan;
+    int first = 0;
+    for (uint32_t i = 0; i < plan->n_migrations; i++) {
+        const tio_migration *o = &plan->migrations[i];
+        uint32_t pre;
+        if (o->kind != TIO_MIGRATION_OFFLOAD || !rt->tensors[o->tensor].bound ||
+            rt->tensors[o->tensor].state != TENSOR_RESIDENT || !matching_prefetch(plan, o, &pre))
+            continue;
+        bool write_in_flight = o->deadline_kernel < o->trigger_kernel;
+        bool away = o->deadline_kernel > o->trigger_kernel && pre < o->deadline_kernel;
+        if (!write_in_flight && !away)
+            continue;
+        int rc = offload_trigger(rt, o);
+        if (rc == 0 && away)
+            rc = offload_deadline(rt, o);
+        keep_first(&first, rc);
+    }
+    return first;
+}
+
 int tio_runtime_iteration_begin(tio_runtime *rt)
 {
     if (!rt)
         return tio_fail(-EINVAL, "runtime_iteration_begin: runtime is NULL");
-    rt->stats.iterations++;
     int rc = reap(rt, 0);
-    return rc < 0 ? rc : 0;
+    if (rc > 0)
+        rc = 0;
+    if (rt->stats.iterations == 0 && !rt->stats.diverged)
+        keep_first(&rc, place_initially(rt));
+    rt->stats.iterations++;
+    return rc;
 }
 
 int tio_runtime_fetch_all(tio_runtime *rt)

@@ -641,9 +641,10 @@ static void test_create_rejects_bad_plans(void **state)
 
 /* A global tensor G (64 KiB + 1) used only by kernel 2 of 4 has one
  * wrap-around inactive period: offload triggered at 3, done by kernel 0 of
- * the next iteration; prefetch triggered at 1, done by 2.  In the first
- * iteration the deadline at 0 and the prefetch at 1 find G resident and are
- * skipped; from the second iteration on G leaves and comes back. */
+ * the next iteration; prefetch triggered at 1, done by 2.  The first
+ * iteration_begin starts the write the (absent) previous iteration would
+ * have started at its kernel 3, so G leaves at kernel 0 and comes back at 1
+ * in every iteration, the first included. */
 static void test_wrap_around_period(void **state)
 {
     (void)state;
@@ -694,7 +695,7 @@ static void test_wrap_around_period(void **state)
         for (uint32_t k = 0; k < 4; k++) {
             assert_int_equal(tio_runtime_kernel_begin(rt, k, names[k]), 0);
             if (k == 0)
-                assert_int_equal(tio_runtime_is_resident(rt, g), it == 0);
+                assert_false(tio_runtime_is_resident(rt, g));
             if (k == 2) {
                 void *addr = NULL;
                 assert_int_equal(tio_runtime_ensure_resident(rt, g, &addr), 0);
@@ -702,21 +703,103 @@ static void test_wrap_around_period(void **state)
             }
         }
     }
-    /* Offloads at the end of iterations 0, 1, 2 (fetch_all waits for the
-     * last write and keeps G resident); releases and prefetches in
-     * iterations 1 and 2. */
+    /* Offloads before iteration 0 and at the end of iterations 0, 1, 2
+     * (fetch_all waits for the last write and keeps G resident); releases
+     * and prefetches in iterations 0, 1 and 2. */
     assert_int_equal(tio_runtime_fetch_all(rt), 0);
     assert_true(tio_runtime_is_resident(rt, g));
     tio_runtime_stats s;
     tio_runtime_get_stats(rt, &s);
-    assert_int_equal(s.n_offloads, 3);
-    assert_int_equal(s.n_prefetches, 2);
-    assert_int_equal(fw.n_release[0], 2);
-    assert_int_equal(fw.n_allocate[0], 2);
+    assert_int_equal(s.n_offloads, 4);
+    assert_int_equal(s.n_prefetches, 3);
+    assert_int_equal(fw.n_release[0], 3);
+    assert_int_equal(fw.n_allocate[0], 3);
     assert_int_equal(s.stalls, 0);
     assert_int_equal(s.iterations, 3);
     assert_int_equal(s.peak_resident_bytes, g_bytes);
 
+    tio_runtime_destroy(rt);
+    tio_engine_destroy(engine);
+    rmdir(dir);
+    free(fw.mem[0]);
+    tio_trace_destroy(tr);
+}
+
+/* A global tensor G (64 KiB + 1) used only by kernel 1 of 6, whose plan
+ * keeps it on SSD across the iteration boundary: offload triggered at 2,
+ * done by 4; prefetch triggered at 0 of the next iteration, done by 1.  In
+ * the steady state G is away at kernel 0, so the first iteration_begin
+ * writes it out and releases it at once: resident bytes are 0 before kernel
+ * 0, and the prefetch at 0 brings the same bytes back for kernel 1. */
+static void test_first_iteration_starts_from_steady_state(void **state)
+{
+    (void)state;
+    const uint64_t g_bytes = 65537;
+    static const char *const names[6] = {"a", "use_g", "c", "d", "e", "f"};
+    tio_trace *tr;
+    assert_int_equal(tio_trace_create("away", &tr), 0);
+    uint32_t g;
+    assert_int_equal(tio_trace_add_tensor(tr, g_bytes, TIO_KIND_OPTIMIZER_STATE, true, "g", &g), 0);
+    for (uint32_t k = 0; k < 6; k++) {
+        assert_int_equal(tio_trace_add_kernel(tr, names[k], 1000), 0);
+        if (k == 1)
+            assert_int_equal(tio_trace_add_access(tr, g, TIO_ACCESS_READ), 0);
+    }
+    tio_migration m[2] = {
+        {.tensor = g, .kind = TIO_MIGRATION_PREFETCH, .trigger_kernel = 0, .deadline_kernel = 1,
+         .tier = TIO_TIER_SSD, .bytes = g_bytes},
+        {.tensor = g, .kind = TIO_MIGRATION_OFFLOAD, .trigger_kernel = 2, .deadline_kernel = 4,
+         .tier = TIO_TIER_SSD, .bytes = g_bytes},
+    };
+    tio_plan plan;
+    plan_init(&plan, m, 2);
+    plan.n_kernels = 6;
+    plan.n_tensors = 1;
+
+    char dir[4096];
+    make_dir(dir, sizeof dir);
+    tio_engine_options eo;
+    tio_engine_options_default(&eo);
+    const char *dirs[1] = {dir};
+    eo.dirs = dirs;
+    eo.n_dirs = 1;
+    eo.capacity_bytes = 1u << 20;
+    tio_engine *engine;
+    assert_int_equal(tio_engine_create(&eo, &engine), 0);
+
+    fake_framework fw = {.bytes = {g_bytes}};
+    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release};
+    tio_runtime *rt;
+    assert_int_equal(tio_runtime_create(&plan, tr, engine, &cb, &rt), 0);
+    fw.mem[0] = malloc(g_bytes);
+    assert_non_null(fw.mem[0]);
+    fill_pattern(fw.mem[0], g_bytes, 7);
+    assert_int_equal(tio_runtime_tensor_bind(rt, g, fw.mem[0], g_bytes), 0);
+
+    tio_runtime_stats s;
+    for (int it = 0; it < 2; it++) {
+        assert_int_equal(tio_runtime_iteration_begin(rt), 0);
+        tio_runtime_get_stats(rt, &s);
+        assert_int_equal(s.resident_bytes, 0);
+        assert_false(tio_runtime_is_resident(rt, g));
+        for (uint32_t k = 0; k < 6; k++) {
+            assert_int_equal(tio_runtime_kernel_begin(rt, k, names[k]), 0);
+            if (k == 1) {
+                void *addr = NULL;
+                assert_int_equal(tio_runtime_ensure_resident(rt, g, &addr), 0);
+                assert_true(has_pattern(addr, g_bytes, 7));
+            }
+        }
+    }
+    tio_runtime_get_stats(rt, &s);
+    assert_int_equal(s.n_offloads, 3);   /* before iteration 0, at kernel 2 of both */
+    assert_int_equal(s.n_prefetches, 2); /* at kernel 0 of iterations 0 and 1 */
+    assert_int_equal(fw.n_release[0], 3);
+    assert_int_equal(fw.n_allocate[0], 2);
+    assert_int_equal(s.stalls, 0);
+    assert_int_equal(s.peak_resident_bytes, g_bytes);
+
+    assert_int_equal(tio_runtime_fetch_all(rt), 0);
     tio_runtime_destroy(rt);
     tio_engine_destroy(engine);
     rmdir(dir);
@@ -755,6 +838,7 @@ int main(void)
                                         fixture_teardown),
         cmocka_unit_test(test_create_rejects_bad_plans),
         cmocka_unit_test(test_wrap_around_period),
+        cmocka_unit_test(test_first_iteration_starts_from_steady_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
