@@ -3,8 +3,8 @@ import json
 import subprocess
 import sys
 
-SMALL = ["--iterations", "5", "--dim", "64", "--layers", "2", "--heads", "4", "--ffn-dim", "128",
-         "--seq-len", "64", "--batch", "4"]
+SMALL = ["--iterations", "5", "--dim", "192", "--layers", "2", "--heads", "4", "--ffn-dim", "512",
+         "--seq-len", "128", "--batch", "4"]
 
 
 def run_demo(*args):
