@@ -20,15 +20,32 @@ import weakref
 from typing import Callable, Iterator
 
 import torch
-from torch.utils._pytree import tree_flatten
+
+
+_Tensor = torch.Tensor
+_strided = torch.strided
 
 
 def iter_tensors(obj) -> Iterator[torch.Tensor]:
-    """Dense tensors with real storage inside an args/kwargs/result structure."""
-    flat, _ = tree_flatten(obj)
-    for x in flat:
-        if isinstance(x, torch.Tensor) and x.layout == torch.strided:
-            yield x
+    """Dense tensors with real storage inside an args/kwargs/result structure.
+
+    Operator arguments are tensors, lists/tuples of tensors, dicts (kwargs)
+    and scalars; walking them directly is several times faster per operator
+    than a general pytree flatten, which matters at thousands of operators
+    per iteration."""
+    if isinstance(obj, _Tensor):
+        if obj.layout == _strided:
+            yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            if isinstance(x, _Tensor):
+                if x.layout == _strided:
+                    yield x
+            elif isinstance(x, (list, tuple, dict)):
+                yield from iter_tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from iter_tensors(x)
 
 
 def global_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import _lib as L
 from ..core import Engine, Plan, Trace
 from ._ids import StorageIds, global_tensors, iter_tensors
-from .profiler import is_kernel
+from .profiler import kernel_name
 
 log = logging.getLogger("teraio")
 
@@ -52,14 +52,15 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not is_kernel(func):
+        name = kernel_name(func)
+        if name is None:
             return func(*args, **kwargs)
         rt = self.rt
         rt._drain_deaths()
         k = rt.k
         rt.k += 1
         if not rt.diverged:
-            rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, str(func).encode()))
+            rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode()))
             if rc == 1:
                 rt.diverged = True
         for t in iter_tensors((args, kwargs)):

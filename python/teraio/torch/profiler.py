@@ -35,8 +35,18 @@ from ._ids import StorageIds, global_tensors, iter_tensors
 SKIP_NAMESPACES = ("profiler.",)
 
 
-def is_kernel(func) -> bool:
-    return not str(func).startswith(SKIP_NAMESPACES)
+_names: dict = {}
+
+
+def kernel_name(func) -> str | None:
+    """The kernel name of an operator ("aten.mm.default"), None for
+    bookkeeping operators that are not kernels; cached per operator."""
+    try:
+        return _names[func]
+    except KeyError:
+        name = str(func)
+        _names[func] = None if name.startswith(SKIP_NAMESPACES) else name
+        return _names[func]
 
 
 class _Recorder(TorchDispatchMode):
@@ -46,7 +56,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not is_kernel(func):
+        name = kernel_name(func)
+        if name is None:
             return func(*args, **kwargs)
         p = self.prof
         acc: dict[int, int] = {}
@@ -64,7 +75,7 @@ class _Recorder(TorchDispatchMode):
             i = p._id_of(t.untyped_storage())
             if i is not None:
                 acc[i] = acc.get(i, 0) | WRITE
-        p._kernels.append((str(func), dur, list(acc.items())))
+        p._kernels.append((name, dur, list(acc.items())))
         if forward:
             p._forward_seen.update(i for i in acc if i not in p._forward_seen)
         else:
