@@ -1,0 +1,291 @@
+"""teraio.data — the streaming, stateful, rescalable data loader (ctypes over libteraio).
+
+    ds = StreamingDataset("/data/root", seq_len=4096, weights={"web": 0.7, "code": 0.3})
+    for batch in torch.utils.data.DataLoader(ds, batch_size=8):   # num_workers=0
+        ...
+    ds.save(ckpt_dir)            # this rank's position after the last sample delivered
+    ds2 = StreamingDataset(...); ds2.resume(ckpt_dir)   # any old world size
+
+Everything (reading, tokenizing, shuffling, mixing, packing, prefetching, the
+state format) happens in C; see include/teraio/data.h and docs/loader.md.
+``rank``/``world_size`` are the *data-parallel* rank and size: tensor- and
+pipeline-parallel peers pass the same values and get identical samples.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from ctypes import (POINTER, Structure, byref, c_bool, c_char_p, c_double, c_int, c_int64, c_size_t,
+                    c_uint32, c_uint64, c_void_p)
+from pathlib import Path
+
+import torch
+
+from ._lib import TeraioError, check, lib
+
+log = logging.getLogger("teraio.data")
+
+class _Tokenizer(Structure):
+    _fields_ = [("name", c_char_p), ("ctx", c_void_p), ("encode", c_void_p)]
+
+
+class _DatasetOptions(Structure):
+    _fields_ = [("tokenizer", POINTER(_Tokenizer)), ("text_field", c_char_p), ("jsonl_errors", c_int),
+                ("llmc_delimiter", c_int64)]
+
+
+class _LoaderOptions(Structure):
+    _fields_ = [("seq_len", c_uint32), ("rank", c_uint32), ("world_size", c_uint32), ("seed", c_uint64),
+                ("logical_shards", c_uint32), ("shuffle_buffer", c_uint32), ("eos_id", c_uint32),
+                ("bos", c_bool), ("bos_id", c_uint32), ("n_weights", c_uint32),
+                ("weight_names", POINTER(c_char_p)), ("weights", POINTER(c_double)),
+                ("prefetch", c_uint32)]
+
+
+class _Span(Structure):
+    _fields_ = [("subdataset", c_uint32), ("file", c_uint32), ("doc", c_uint64), ("offset", c_uint32),
+                ("length", c_uint32), ("epoch", c_uint32)]
+
+
+class _Sample(Structure):
+    _fields_ = [("index", c_uint64), ("seq_len", c_uint32), ("tokens", POINTER(c_uint32)),
+                ("position_ids", POINTER(c_uint32)), ("n_segments", c_uint32),
+                ("cu_seqlens", POINTER(c_uint32)), ("n_spans", c_uint32), ("spans", POINTER(_Span))]
+
+
+class _SubInfo(Structure):
+    _fields_ = [("name", c_char_p), ("n_files", c_uint32), ("n_docs", c_uint64), ("bytes", c_uint64),
+                ("n_tokens", c_uint64), ("lines_skipped", c_uint64)]
+
+
+class _Position(Structure):
+    _fields_ = [("epoch", c_uint32), ("docs_consumed", c_uint64), ("docs_total", c_uint64),
+                ("tokens_packed", c_uint64)]
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+_ds_defaults = _fn("tio_dataset_options_default", None, POINTER(_DatasetOptions))
+_ds_open = _fn("tio_dataset_open", c_int, c_char_p, POINTER(_DatasetOptions), POINTER(c_void_p))
+_ds_destroy = _fn("tio_dataset_destroy", None, c_void_p)
+_ds_n = _fn("tio_dataset_n_subdatasets", c_uint32, c_void_p)
+_ds_info = _fn("tio_dataset_info", c_int, c_void_p, c_uint32, POINTER(_SubInfo))
+_ds_path = _fn("tio_dataset_file_path", c_char_p, c_void_p, c_uint32, c_uint32)
+_ld_defaults = _fn("tio_loader_options_default", None, POINTER(_LoaderOptions))
+_ld_create = _fn("tio_loader_create", c_int, c_void_p, POINTER(_LoaderOptions), POINTER(c_void_p),
+                 POINTER(c_size_t), c_uint32, POINTER(c_void_p))
+_ld_destroy = _fn("tio_loader_destroy", None, c_void_p)
+_ld_next = _fn("tio_loader_next", c_int, c_void_p, POINTER(POINTER(_Sample)))
+_ld_state = _fn("tio_loader_state", c_int, c_void_p, POINTER(c_void_p), POINTER(c_size_t))
+_ld_save = _fn("tio_loader_save", c_int, c_void_p, c_char_p)
+_ld_read = _fn("tio_loader_state_read", c_int, c_char_p, POINTER(c_void_p), POINTER(c_size_t))
+_ld_position = _fn("tio_loader_position", c_int, c_void_p, c_uint32, POINTER(_Position))
+_libc = ctypes.CDLL(None)
+_libc.free.argtypes = [c_void_p]
+_libc.free.restype = None
+
+
+def _take(buf: c_void_p, n: c_size_t) -> bytes:
+    try:
+        return ctypes.string_at(buf, n.value)
+    finally:
+        _libc.free(buf)
+
+
+def state_file(directory, rank: int) -> Path:
+    """The state file of `rank` inside a checkpoint directory."""
+    return Path(directory) / f"loader-rank{rank:05d}.state"
+
+
+def _mesh_dp(mesh, dim):
+    sub = mesh[dim] if dim is not None else mesh
+    return sub.get_local_rank(), sub.size()
+
+
+class StreamingDataset(torch.utils.data.IterableDataset):
+    """Packed samples of ``seq_len + 1`` tokens from a dataset root, as dicts of tensors:
+    ``input_ids``, ``labels`` (int64, ``[seq_len]``), ``position_ids`` (int64, ``[seq_len]``),
+    ``cu_seqlens`` (int32, ``[segments + 1]``) and, with ``provenance=True``, ``provenance``
+    (int64, ``[spans, 6]``: sub-dataset, file, document, offset, length, epoch; the names
+    are in :attr:`subdatasets`).
+
+    ``rank``/``world_size`` default to torchrun's ``RANK``/``WORLD_SIZE``, or to the
+    ``mesh_dim`` dimension of ``device_mesh``.  The stream never ends (epochs loop).
+    torch DataLoader workers are refused (``num_workers`` must be 0): the loader already
+    reads, tokenizes and packs in its own C thread.
+    """
+
+    def __init__(self, root, seq_len, rank=None, world_size=None, seed=0, logical_shards=2048,
+                 weights=None, provenance=False, shuffle_buffer=64, eos_id=0, bos_id=None,
+                 prefetch=8, text_field="text", skip_bad_lines=False, device_mesh=None,
+                 mesh_dim=None):
+        super().__init__()
+        if device_mesh is not None and (rank is None or world_size is None):
+            rank, world_size = _mesh_dp(device_mesh, mesh_dim)
+        if rank is None:
+            rank = int(os.environ.get("RANK", "0"))
+        if world_size is None:
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.root = str(root)
+        self.seq_len = int(seq_len)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.provenance = provenance
+        self._states = None
+        self._loader = None
+        self._started = False
+        dopts = _DatasetOptions()
+        _ds_defaults(byref(dopts))
+        self._text_field = text_field.encode()
+        dopts.text_field = self._text_field
+        dopts.jsonl_errors = 1 if skip_bad_lines else 0
+        ds = c_void_p()
+        check(_ds_open(self.root.encode(), byref(dopts), byref(ds)))
+        self._ds = ds
+        self.subdatasets = []
+        for i in range(_ds_n(ds)):
+            info = _SubInfo()
+            check(_ds_info(ds, i, byref(info)))
+            self.subdatasets.append(info.name.decode())
+        o = _LoaderOptions()
+        _ld_defaults(byref(o))
+        o.seq_len, o.rank, o.world_size, o.seed = self.seq_len, self.rank, self.world_size, seed
+        o.logical_shards, o.shuffle_buffer, o.eos_id, o.prefetch = (logical_shards, shuffle_buffer,
+                                                                    eos_id, prefetch)
+        if bos_id is not None:
+            o.bos, o.bos_id = True, bos_id
+        weights = dict(weights or {})
+        self._wnames = (c_char_p * max(1, len(weights)))(*[k.encode() for k in weights])
+        self._wvals = (c_double * max(1, len(weights)))(*[float(v) for v in weights.values()])
+        o.n_weights = len(weights)
+        o.weight_names = ctypes.cast(self._wnames, POINTER(c_char_p))
+        o.weights = ctypes.cast(self._wvals, POINTER(c_double))
+        self._opts = o
+        # Validate the options now, not at the first sample.
+        self._create([])
+        self._destroy_loader()
+
+    # -- lifetime ------------------------------------------------------------------
+    def _create(self, states):
+        bufs = [ctypes.create_string_buffer(s, len(s)) for s in states]
+        ptrs = (c_void_p * max(1, len(bufs)))(*[ctypes.cast(b, c_void_p) for b in bufs])
+        lens = (c_size_t * max(1, len(bufs)))(*[len(s) for s in states])
+        ld = c_void_p()
+        check(_ld_create(self._ds, byref(self._opts), ptrs, lens, len(bufs), byref(ld)))
+        self._loader = ld
+
+    def _destroy_loader(self):
+        if self._loader:
+            _ld_destroy(self._loader)
+            self._loader = None
+
+    def close(self):
+        self._destroy_loader()
+        if getattr(self, "_ds", None):
+            _ds_destroy(self._ds)
+            self._ds = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise RuntimeError("teraio.data.StreamingDataset reads in its own C thread: use "
+                               "DataLoader(num_workers=0), or give each worker its own rank "
+                               "(rank * num_workers + worker_id) and world size")
+        if self._loader is None:
+            self._create(self._states or [])
+            self._log_position("resumed" if self._states else "starts")
+        self._started = True
+        return self
+
+    def __next__(self):
+        if self._loader is None:
+            iter(self)
+        self._started = True
+        sp = POINTER(_Sample)()
+        check(_ld_next(self._loader, byref(sp)))
+        s = sp.contents
+        n = s.seq_len
+        toks = torch.frombuffer(bytearray(ctypes.string_at(s.tokens, 4 * (n + 1))), dtype=torch.int32)
+        toks = toks.to(torch.int64) & 0xFFFFFFFF
+        pos = torch.frombuffer(bytearray(ctypes.string_at(s.position_ids, 4 * n)), dtype=torch.int32).to(torch.int64)
+        cu = torch.frombuffer(bytearray(ctypes.string_at(s.cu_seqlens, 4 * (s.n_segments + 1))),
+                              dtype=torch.int32)
+        out = {"input_ids": toks[:-1], "labels": toks[1:].clone(), "position_ids": pos,
+               "cu_seqlens": cu}
+        if self.provenance:
+            out["provenance"] = torch.tensor(
+                [[x.subdataset, x.file, x.doc, x.offset, x.length, x.epoch]
+                 for x in (s.spans[i] for i in range(s.n_spans))], dtype=torch.int64).reshape(-1, 6)
+        return out
+
+    # -- state ---------------------------------------------------------------------
+    def state_dict(self):
+        """This rank's state (after the last sample delivered) as ``{"rank", "world_size",
+        "state": bytes}``."""
+        if self._loader is None:
+            self._create(self._states or [])
+        buf, n = c_void_p(), c_size_t()
+        check(_ld_state(self._loader, byref(buf), byref(n)))
+        return {"rank": self.rank, "world_size": self.world_size, "state": _take(buf, n)}
+
+    def load_state_dict(self, state):
+        """Load this rank's state, or a list of the states of every rank of an earlier run
+        (any world size).  Not allowed once iteration has started."""
+        if self._started:
+            raise RuntimeError("load_state_dict() after iteration started: the state would be "
+                               "ignored; load it before the first sample")
+        states = state if isinstance(state, (list, tuple)) else [state]
+        raw = [s["state"] if isinstance(s, dict) else bytes(s) for s in states]
+        self._destroy_loader()
+        self._create(raw)  # validates now: a bad state fails here, loudly
+        self._states = raw
+        self._log_position("resumed")
+
+    def save(self, directory):
+        """Write this rank's state atomically to ``directory/loader-rankNNNNN.state``."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        if self._loader is None:
+            self._create(self._states or [])
+        check(_ld_save(self._loader, str(state_file(directory, self.rank)).encode()))
+
+    def resume(self, directory):
+        """Load the states saved by every rank of an earlier run into this rank."""
+        files = sorted(Path(directory).glob("loader-rank*.state"))
+        if not files:
+            raise TeraioError(-2, f"{directory}: no loader-rank*.state files")
+        raw = []
+        for f in files:
+            buf, n = c_void_p(), c_size_t()
+            check(_ld_read(str(f).encode(), byref(buf), byref(n)))
+            raw.append(_take(buf, n))
+        self.load_state_dict(raw)
+
+    def position(self):
+        """Per sub-dataset: epoch, documents consumed/total on this rank, tokens packed."""
+        if self._loader is None:
+            self._create(self._states or [])
+        out = {}
+        for i, name in enumerate(self.subdatasets):
+            p = _Position()
+            check(_ld_position(self._loader, i, byref(p)))
+            out[name] = {"epoch": p.epoch, "docs_consumed": p.docs_consumed,
+                         "docs_total": p.docs_total, "tokens_packed": p.tokens_packed}
+        return out
+
+    def _log_position(self, what):
+        for name, p in self.position().items():
+            log.info("rank %d/%d %s %s: epoch %d, %d/%d documents, %d tokens packed", self.rank,
+                     self.world_size, what, name, p["epoch"], p["docs_consumed"], p["docs_total"],
+                     p["tokens_packed"])
