@@ -83,6 +83,32 @@ typedef struct tio_plan {
 TIO_API int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
                            const tio_plan_options *opt, tio_plan **out);
 
+/* Options of the fast planner (tio_plan_build_fast). */
+typedef struct {
+    uint32_t kind_mask;   /* bit (1 << tio_tensor_kind) per kind that may move;
+                             0 = every kind */
+    bool best_tier;       /* place each period on whichever tier (SSD or host)
+                             covers more over-capacity time, instead of SSD
+                             first (Algorithm 1's rule) */
+} tio_plan_fast_options;
+
+/* Defaults: kind_mask 0 (all kinds), best_tier true. */
+TIO_API void tio_plan_fast_options_default(tio_plan_fast_options *fopt);
+
+/* Build a plan with the fast planner (strategy "teraio"): Algorithm 1's
+ * greedy choice (largest over-capacity kernel time covered, then larger
+ * size, then earlier period) found by lazy re-ranking — scores only fall as
+ * M' and the bandwidth budgets fall, so a stale score is an upper bound and
+ * only the top of a heap is re-scored — with Fenwick trees for the
+ * bandwidth walks and a segment tree for the over-capacity time, so a round
+ * costs O(log^2 kernels) instead of O(candidates x kernels).  With
+ * fopt->best_tier it may pick the host tier where it covers more.
+ * `fopt` may be NULL (defaults).  Same returns and plan semantics as
+ * tio_plan_build (plan_seconds is set). */
+TIO_API int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
+                                const tio_plan_options *opt,
+                                const tio_plan_fast_options *fopt, tio_plan **out);
+
 TIO_API void tio_plan_destroy(tio_plan *plan);
 
 /* Write/read the plan file (docs/formats.md, "teraio-plan" version 1).

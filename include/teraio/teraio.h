@@ -13,4 +13,5 @@
 #include "teraio/plan.h"
 #include "teraio/engine.h"
 #include "teraio/runtime.h"
+#include "teraio/sim.h"
 #endif

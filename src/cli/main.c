@@ -17,6 +17,7 @@ struct subcommand {
 static const struct subcommand commands[] = {
     {"version", cmd_version, "version                 print the version and compiled-in features"},
     {"analyze", cmd_analyze, "analyze TRACE [--ssd-read-gbps R --ssd-write-gbps W] [--json]  inactive periods, memory curve, paper statistics"},
+    {"eval", cmd_eval, "eval paper [--json] [--svg DIR] | eval trace TRACE --hw PROFILE | eval demo SUMMARY  simulate offloading strategies"},
     {"plan", cmd_plan, "plan TRACE --capacity BYTES [--ssd-read-gbps R] [--ssd-write-gbps W] [--host-cap BYTES] -o PLAN"},
     {"check", cmd_check, "check TRACE PLAN        does PLAN apply to TRACE? planned peak vs capacity"},
 };

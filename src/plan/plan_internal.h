@@ -21,4 +21,10 @@ int tio_plan_sort_migrations(tio_migration *m, uint32_t n);
  * two decimals), the same style as the CLI.  `buf` holds >= 32 bytes. */
 char *tio_plan_format_bytes(uint64_t bytes, char *buf);
 
+/* Validate planner inputs (shared by tio_plan_build and
+ * tio_plan_build_fast): returns 0, -EINVAL or TIO_EINFEASIBLE with a
+ * message, exactly as tio_plan_build documents. */
+int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
+                          const tio_plan_options *opt);
+
 #endif

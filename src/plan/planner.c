@@ -278,8 +278,8 @@ static uint64_t budget_bytes(double gbps, uint64_t duration_ns)
     return b >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)b;
 }
 
-static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
-                        const tio_plan_options *opt)
+int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
+                          const tio_plan_options *opt)
 {
     if (!trace || !lt || !opt)
         return tio_fail(-EINVAL, "tio_plan_build: trace, lifetime and options are required");
@@ -369,7 +369,7 @@ int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
         return tio_fail(-EINVAL, "tio_plan_build: out is NULL");
     *out = NULL;
     uint64_t t0 = tio_now_ns();
-    int rc = check_inputs(trace, lt, opt);
+    int rc = tio_plan_check_inputs(trace, lt, opt);
     if (rc)
         return rc;
     planner p;

@@ -1,0 +1,150 @@
+/*
+ * teraio/sim.h — hardware profiles and the discrete-event simulator.
+ *
+ * A hardware profile (a small "key = value" file under hw/, format below)
+ * describes one GPU's share of a machine: its memory budget, the PCIe link
+ * each way, its SSDs, the host-memory cap, and the CPU's Adam throughput.
+ * The simulator replays a trace under a strategy on a profile: a compute
+ * stream runs the kernels in order; migration channels (SSD write, SSD
+ * read, device->host, host->device) each move one transfer at a time, first
+ * issued first served, at their bandwidth plus a fixed latency; a kernel
+ * starts only when every transfer it waits for is done.  It reports the
+ * steady-state iteration time, stall time, bytes moved per channel, peak
+ * resident memory and the ratio to the ideal (unlimited memory, same
+ * kernels).  The baselines' models are documented in docs/baselines.md.
+ *
+ * Profile file: one "key = value" per line, '#' starts a comment, blank
+ * lines ignored, every key below required once unless it says "optional":
+ *   name                 one token
+ *   capacity_bytes       device memory budget (integer, > 0)
+ *   pcie_h2d_gbps        host->device link, GB/s (1e9 B/s), > 0
+ *   pcie_d2h_gbps        device->host link, GB/s, > 0
+ *   ssd_count            SSDs serving this GPU (integer, >= 1)
+ *   ssd_read_gbps        per SSD, GB/s, > 0
+ *   ssd_write_gbps       per SSD, GB/s, > 0
+ *   ssd_array_read_gbps  optional cap on the array (RAID-0) read, GB/s
+ *   ssd_array_write_gbps optional cap on the array write, GB/s
+ *   ssd_latency_us       per transfer, >= 0
+ *   host_latency_us      per transfer, >= 0
+ *   host_cap_bytes       host memory this GPU may use (integer, >= 0)
+ *   cpu_adam_params_per_s  CPU Adam updates per second for this GPU, > 0
+ *   gpu_matmul_tflops, gpu_vector_tflops, gpu_mem_gbps, matmul_efficiency,
+ *   mem_efficiency, kernel_overhead_us   optional: the roofline constants
+ *                        the paper tracer (python/teraio/paper.py) reads
+ *
+ * Thread-safety: every function here is reentrant; objects are not shared.
+ */
+#ifndef TERAIO_SIM_H
+#define TERAIO_SIM_H
+
+#include "teraio/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    char name[64];
+    uint64_t capacity_bytes;
+    double pcie_h2d_gbps, pcie_d2h_gbps;
+    uint32_t ssd_count;
+    double ssd_read_gbps, ssd_write_gbps;             /* per SSD */
+    double ssd_array_read_gbps, ssd_array_write_gbps; /* 0: no cap */
+    double ssd_latency_us, host_latency_us;
+    uint64_t host_cap_bytes;
+    double cpu_adam_params_per_s;
+    double gpu_matmul_tflops, gpu_vector_tflops, gpu_mem_gbps;
+    double matmul_efficiency, mem_efficiency, kernel_overhead_us;
+} tio_hw;
+
+/* Parse a profile from memory (`len` bytes, need not be NUL-terminated);
+ * `origin` names it in messages.  Returns 0; TIO_EPARSE with
+ * "origin:line: field 'key': expected ..." (unknown key, duplicate, bad or
+ * out-of-range value, missing required key: the message names it);
+ * -EINVAL (NULL arguments). */
+TIO_API int tio_hw_parse(const char *text, size_t len, const char *origin, tio_hw *out);
+
+/* Read and parse a profile file.  Returns as tio_hw_parse, or -errno of the
+ * failing read (message names the file). */
+TIO_API int tio_hw_load(const char *path, tio_hw *out);
+
+/* Effective channel bandwidths, GB/s.  SSD read = min(count x per-SSD,
+ * array cap, PCIe h2d) and likewise for writes; the host channels get the
+ * PCIe bandwidth the SSD array leaves (PCIe - SSD, at least 10% of PCIe),
+ * because GPUDirect SSD traffic crosses the same link. */
+typedef struct {
+    double ssd_read, ssd_write, host_read, host_write;
+} tio_hw_bandwidth;
+TIO_API tio_hw_bandwidth tio_hw_channels(const tio_hw *hw);
+
+/* Planner options for this profile (capacity, the four bandwidths above,
+ * host cap). */
+TIO_API void tio_hw_plan_options(const tio_hw *hw, tio_plan_options *opt);
+
+typedef enum {
+    TIO_SIM_IDEAL = 0,
+    TIO_SIM_TERAIO_ALG1 = 1,
+    TIO_SIM_TERAIO = 2,
+    TIO_SIM_ZERO_OFFLOAD = 3,
+    TIO_SIM_ZERO_INFINITY = 4,
+    TIO_SIM_FLASHNEURON = 5,
+    TIO_SIM_LRU = 6,
+    TIO_SIM_N_STRATEGIES = 7,
+} tio_sim_strategy;
+
+/* "ideal", "teraio-alg1", "teraio", "zero-offload", "zero-infinity",
+ * "flashneuron", "lru"; NULL if out of range. */
+TIO_API const char *tio_sim_strategy_name(tio_sim_strategy s);
+
+/* Strategy by name; returns 0 or -EINVAL (message lists the names). */
+TIO_API int tio_sim_strategy_parse(const char *name, tio_sim_strategy *out);
+
+enum { TIO_CH_SSD_WRITE = 0, TIO_CH_SSD_READ = 1, TIO_CH_HOST_WRITE = 2, TIO_CH_HOST_READ = 3,
+       TIO_CH_N = 4 };
+
+typedef struct {
+    uint64_t iteration_ns;   /* steady-state iteration (the last simulated one) */
+    uint64_t ideal_ns;       /* sum of kernel durations */
+    uint64_t stall_ns;       /* compute stream waiting on transfers or on the CPU */
+    uint32_t n_stalls;       /* kernels that waited */
+    uint64_t peak_bytes;     /* peak resident device bytes (<= capacity) */
+    uint64_t overflow_bytes; /* most bytes above capacity a plan left, swapped on
+                                demand (each costs a stall) */
+    uint64_t bytes[TIO_CH_N];/* per iteration, per channel */
+    double busy_ns[TIO_CH_N];/* per iteration, time each channel moved data */
+    double fraction_of_ideal;/* ideal_ns / iteration_ns */
+    double plan_seconds;     /* wall time of the planner (0 when none ran) */
+    bool plan_fits;          /* planned peak <= capacity (true without a plan) */
+    uint32_t n_kernels;
+    uint64_t *memory_bytes;  /* [n_kernels] resident bytes at each kernel of the
+                                last iteration; owned, free with tio_sim_report_free */
+} tio_sim_report;
+
+/* Replay `plan` (made for this trace: tio_plan_check must accept it) on
+ * `hw`.  Three iterations are simulated from a state where every tensor a
+ * wrap-around migration keeps off the device starts off it; the third is
+ * reported.  A plan whose M' exceeds the capacity at some kernel is still
+ * replayed: the excess is swapped out and back on demand through the SSD
+ * channels and counted as stall (overflow_bytes says how much).  Returns 0,
+ * -EINVAL (mismatched plan, unpaired offload/prefetch: message says which),
+ * -ENOMEM. */
+TIO_API int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw,
+                         const tio_plan *plan, tio_sim_report *out);
+
+/* Run one strategy: plan it if it plans (teraio-alg1: tio_plan_build;
+ * teraio: tio_plan_build_fast; flashneuron: the fast planner limited to
+ * activations and the SSD tier) and replay, or simulate the baseline's own
+ * model (zero-offload, zero-infinity, lru: docs/baselines.md).  If
+ * `plan_out` is not NULL and the strategy planned, the plan is handed over
+ * (caller destroys it), else *plan_out is NULL.  Returns 0, -EINVAL,
+ * TIO_EINFEASIBLE (a kernel alone needs more than the capacity), -ENOMEM. */
+TIO_API int tio_sim_run(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw,
+                        tio_sim_strategy strategy, tio_sim_report *out, tio_plan **plan_out);
+
+/* Free the report's arrays (not the struct).  NULL is a no-op. */
+TIO_API void tio_sim_report_free(tio_sim_report *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

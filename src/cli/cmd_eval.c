@@ -1,0 +1,698 @@
+/*
+ * cli/cmd_eval.c — `teraio eval`: strategies compared in simulation.
+ *
+ *   teraio eval trace TRACE --hw PROFILE [--plan PLAN] [--strategy S] [--json]
+ *       one trace: every strategy (or one) simulated on a profile; with
+ *       --plan the given plan is replayed as well ("plan").
+ *   teraio eval demo SUMMARY [--json]
+ *       the CPU demo (make demo): its trace and plan replayed on a profile
+ *       made of the measured disk bandwidth, against the measured iteration
+ *       time with offloading (sim-vs-measured error).
+ *   teraio eval paper [--json] [--svg DIR] [--hw PROFILE]
+ *       the TERAIO paper's 18 configurations (docs/eval.md): traces made on
+ *       demand by the Python tracer (python -m teraio.paper, cached under
+ *       build/paper-traces/), then planning and simulation here.
+ *
+ * Output: a table on stdout (or one JSON document with --json); a progress
+ * line on stderr while it runs when stderr is a terminal; errors are one
+ * line on stderr.  Exit status 0, 1 on errors, 2 on usage errors.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "teraio/teraio.h"
+
+static const char *const CMD = "eval";
+
+static void eval_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: teraio eval paper [--json] [--svg DIR] [--hw PROFILE]\n"
+        "       teraio eval trace TRACE --hw PROFILE [--plan PLAN] [--strategy S] [--json]\n"
+        "       teraio eval demo SUMMARY [--json]\n"
+        "\n"
+        "Simulate offloading strategies (ideal, teraio-alg1, teraio, zero-offload,\n"
+        "zero-infinity, flashneuron, lru) on a hardware profile (hw/*.conf).\n"
+        "\n"
+        "  paper        the TERAIO paper's 18 configurations; traces are made on demand\n"
+        "               with the Python tracer and cached under build/paper-traces/\n"
+        "               (env TERAIO_PYTHON names the interpreter, TERAIO_ROOT the\n"
+        "               source tree; both are found next to the binary otherwise)\n"
+        "  trace        one trace file\n"
+        "  demo         the CPU demo's summary.json (make demo): simulated vs measured\n"
+        "  --json       one JSON document on stdout instead of the table\n"
+        "  --svg DIR    paper: write fraction-of-ideal.svg and memory-timeline.svg\n"
+        "  --hw FILE    hardware profile (paper default: hw/h100-nvl-paper.conf)\n"
+        "  --plan FILE  trace: also replay this plan\n"
+        "  --strategy S trace: only this strategy\n");
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "teraio eval: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (try 'teraio eval --help')\n");
+    return 2;
+}
+
+typedef struct {
+    const char *mode, *target, *hw_path, *plan_path, *svg_dir, *strategy;
+    bool json;
+} eval_args;
+
+static int parse_args(int argc, char **argv, eval_args *a)
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            eval_usage(stdout);
+            return -1;
+        }
+        const char **slot = !strcmp(s, "--hw") ? &a->hw_path
+                            : !strcmp(s, "--plan") ? &a->plan_path
+                            : !strcmp(s, "--svg") ? &a->svg_dir
+                            : !strcmp(s, "--strategy") ? &a->strategy : NULL;
+        if (slot) {
+            if (i + 1 >= argc || !*argv[i + 1])
+                return usage_error("%s: expected a value", s);
+            *slot = argv[++i];
+        } else if (!strcmp(s, "--json")) {
+            a->json = true;
+        } else if (s[0] == '-' && s[1]) {
+            return usage_error("unknown option '%s'", s);
+        } else if (!a->mode) {
+            a->mode = s;
+        } else if (!a->target) {
+            a->target = s;
+        } else {
+            return usage_error("unexpected argument '%s'", s);
+        }
+    }
+    if (!a->mode)
+        return usage_error("missing what to evaluate: paper, trace or demo");
+    if (strcmp(a->mode, "paper") && strcmp(a->mode, "trace") && strcmp(a->mode, "demo"))
+        return usage_error("unknown evaluation '%s' (paper, trace or demo)", a->mode);
+    if (!strcmp(a->mode, "paper") && a->target)
+        return usage_error("paper takes no file argument");
+    if (strcmp(a->mode, "paper") && !a->target)
+        return usage_error("%s: missing %s", a->mode, !strcmp(a->mode, "demo") ? "SUMMARY"
+                                                                               : "TRACE");
+    if (!strcmp(a->mode, "trace") && !a->hw_path)
+        return usage_error("trace: missing --hw PROFILE");
+    return 0;
+}
+
+/* ---- one trace ------------------------------------------------------------ */
+
+typedef struct {
+    tio_trace *trace;
+    tio_lifetime *lt;
+} loaded;
+
+static int load_trace(const char *path, loaded *l)
+{
+    memset(l, 0, sizeof *l);
+    int rc = tio_trace_load(path, &l->trace);
+    if (!rc)
+        rc = tio_lifetime_analyze(l->trace, &l->lt);
+    return rc;
+}
+
+static void unload(loaded *l)
+{
+    tio_lifetime_destroy(l->lt);
+    tio_trace_destroy(l->trace);
+}
+
+static void print_report_json(const char *name, const tio_sim_report *r, bool comma)
+{
+    printf("    {\"strategy\": \"%s\", \"iteration_s\": %.6f, \"ideal_s\": %.6f, "
+           "\"fraction_of_ideal\": %.4f, \"stall_s\": %.6f, \"peak_bytes\": %llu, "
+           "\"overflow_bytes\": %llu, \"plan_fits\": %s, \"plan_seconds\": %.4f, "
+           "\"bytes\": {\"ssd_write\": %llu, \"ssd_read\": %llu, \"host_write\": %llu, "
+           "\"host_read\": %llu}}%s\n",
+           name, r->iteration_ns / 1e9, r->ideal_ns / 1e9, r->fraction_of_ideal,
+           r->stall_ns / 1e9, (unsigned long long)r->peak_bytes,
+           (unsigned long long)r->overflow_bytes, r->plan_fits ? "true" : "false",
+           r->plan_seconds, (unsigned long long)r->bytes[TIO_CH_SSD_WRITE],
+           (unsigned long long)r->bytes[TIO_CH_SSD_READ],
+           (unsigned long long)r->bytes[TIO_CH_HOST_WRITE],
+           (unsigned long long)r->bytes[TIO_CH_HOST_READ], comma ? "," : "");
+}
+
+static void print_report_row(const char *name, const tio_sim_report *r)
+{
+    char pk[32], sw[32], sr[32], hw[32], hr[32];
+    printf("%-14s %9.3f %7.3f %8.3f %11s %11s %11s %11s %11s %8.3f\n", name,
+           r->iteration_ns / 1e9, r->fraction_of_ideal, r->stall_ns / 1e9,
+           cli_format_bytes(r->peak_bytes, pk), cli_format_bytes(r->bytes[TIO_CH_SSD_WRITE], sw),
+           cli_format_bytes(r->bytes[TIO_CH_SSD_READ], sr),
+           cli_format_bytes(r->bytes[TIO_CH_HOST_WRITE], hw),
+           cli_format_bytes(r->bytes[TIO_CH_HOST_READ], hr), r->plan_seconds);
+}
+
+static void print_header(void)
+{
+    printf("%-14s %9s %7s %8s %11s %11s %11s %11s %11s %8s\n", "strategy", "iter s", "ideal",
+           "stall s", "peak", "to ssd", "from ssd", "to host", "from host", "plan s");
+}
+
+static int eval_trace(const eval_args *a)
+{
+    tio_hw hw;
+    loaded l;
+    int rc = tio_hw_load(a->hw_path, &hw);
+    if (rc)
+        return cli_lib_error(CMD, rc);
+    if ((rc = load_trace(a->target, &l))) {
+        unload(&l);
+        return cli_lib_error(CMD, rc);
+    }
+    int only = -1;
+    if (a->strategy) {
+        tio_sim_strategy s;
+        if (tio_sim_strategy_parse(a->strategy, &s)) {
+            unload(&l);
+            return usage_error("--strategy: %s", tio_last_error());
+        }
+        only = (int)s;
+    }
+    tio_plan *given = NULL;
+    if (a->plan_path && ((rc = tio_plan_load(a->plan_path, &given)) ||
+                         (rc = tio_plan_check(given, l.trace, l.lt)))) {
+        tio_plan_destroy(given);
+        unload(&l);
+        return cli_lib_error(CMD, rc);
+    }
+    tio_sim_report reps[TIO_SIM_N_STRATEGIES + 1];
+    const char *names[TIO_SIM_N_STRATEGIES + 1];
+    int nr = 0;
+    for (int s = 0; s < TIO_SIM_N_STRATEGIES && !rc; s++) {
+        if (only >= 0 && s != only)
+            continue;
+        rc = tio_sim_run(l.trace, l.lt, &hw, (tio_sim_strategy)s, &reps[nr], NULL);
+        if (!rc)
+            names[nr++] = tio_sim_strategy_name((tio_sim_strategy)s);
+    }
+    if (!rc && given) {
+        rc = tio_sim_plan(l.trace, l.lt, &hw, given, &reps[nr]);
+        if (!rc)
+            names[nr++] = "plan";
+    }
+    int status = rc ? cli_lib_error(CMD, rc) : 0;
+    if (!rc && a->json) {
+        printf("{\n  \"trace\": \"%s\",\n  \"hw\": \"%s\",\n  \"results\": [\n", a->target,
+               hw.name);
+        for (int i = 0; i < nr; i++)
+            print_report_json(names[i], &reps[i], i + 1 < nr);
+        printf("  ]\n}\n");
+    } else if (!rc) {
+        printf("trace %s on %s\n", a->target, hw.name);
+        print_header();
+        for (int i = 0; i < nr; i++)
+            print_report_row(names[i], &reps[i]);
+    }
+    for (int i = 0; i < nr; i++)
+        tio_sim_report_free(&reps[i]);
+    tio_plan_destroy(given);
+    unload(&l);
+    return status;
+}
+
+/* ---- the CPU demo: simulated vs measured ------------------------------------ */
+
+/* A number after "key": in a flat JSON object; NAN if absent. */
+static double json_number(const char *text, const char *key)
+{
+    char pat[96];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(text, pat);
+    if (!p)
+        return NAN;
+    char *end;
+    double v = strtod(p + strlen(pat), &end);
+    return end == p + strlen(pat) ? NAN : v;
+}
+
+/* Simulated and measured iteration time of the demo; error as a fraction. */
+static int demo_error(const char *summary_path, double *sim_s, double *measured_s, double *err)
+{
+    FILE *f = fopen(summary_path, "rb");
+    if (!f)
+        return cli_error(CMD, "%s: cannot open: %s", summary_path, strerror(errno));
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    double cap = json_number(text, "capacity_bytes");
+    double rd = json_number(text, "ssd_read_gbps_measured");
+    double wr = json_number(text, "ssd_write_gbps_measured");
+    double meas = json_number(text, "iter_time_offload_s");
+    if (!(cap > 0) || !(rd > 0) || !(wr > 0) || !(meas > 0))
+        return cli_error(CMD, "%s: expected capacity_bytes, ssd_read_gbps_measured, "
+                         "ssd_write_gbps_measured and iter_time_offload_s", summary_path);
+    char dir[PATH_MAX], trace_path[PATH_MAX + 16], plan_path[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s", summary_path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+    snprintf(trace_path, sizeof trace_path, "%s/trace.tio", dir);
+    snprintf(plan_path, sizeof plan_path, "%s/plan.tio", dir);
+    /* The demo's machine: one disk at the measured bandwidths; no host tier. */
+    tio_hw hw = {.capacity_bytes = (uint64_t)cap, .pcie_h2d_gbps = 1e3, .pcie_d2h_gbps = 1e3,
+                 .ssd_count = 1, .ssd_read_gbps = rd, .ssd_write_gbps = wr,
+                 .ssd_latency_us = 100, .host_latency_us = 0, .cpu_adam_params_per_s = 1e9};
+    snprintf(hw.name, sizeof hw.name, "demo-measured");
+    loaded l;
+    tio_plan *plan = NULL;
+    tio_sim_report r;
+    int rc = load_trace(trace_path, &l);
+    if (!rc)
+        rc = tio_plan_load(plan_path, &plan);
+    if (!rc)
+        rc = tio_plan_check(plan, l.trace, l.lt);
+    if (!rc)
+        rc = tio_sim_plan(l.trace, l.lt, &hw, plan, &r);
+    int status = rc ? cli_lib_error(CMD, rc) : 0;
+    if (!rc) {
+        *sim_s = r.iteration_ns / 1e9;
+        *measured_s = meas;
+        *err = fabs(*sim_s - meas) / meas;
+        tio_sim_report_free(&r);
+    }
+    tio_plan_destroy(plan);
+    unload(&l);
+    return status;
+}
+
+static int eval_demo(const eval_args *a)
+{
+    double sim_s, meas_s, err;
+    int st = demo_error(a->target, &sim_s, &meas_s, &err);
+    if (st)
+        return st;
+    if (a->json)
+        printf("{\"simulated_s\": %.6f, \"measured_s\": %.6f, \"sim_vs_measured_error\": %.4f}\n",
+               sim_s, meas_s, err);
+    else
+        printf("demo iteration with offloading: simulated %.3f s, measured %.3f s, "
+               "error %.1f%%\n", sim_s, meas_s, 100 * err);
+    return 0;
+}
+
+/* ---- the paper's configurations ---------------------------------------------- */
+
+
+enum { MAX_CONFIGS = 32 };
+
+typedef struct {
+    char model[32];
+    int batch, seq;
+    double paper_m_pct, traced_m_pct;
+    tio_sim_report rep[TIO_SIM_N_STRATEGIES];
+    bool done;
+} paper_config;
+
+/* Source tree root: $TERAIO_ROOT, else two levels above the binary
+ * (build/bin/teraio). */
+static void find_root(char *root, size_t n)
+{
+    const char *env = getenv("TERAIO_ROOT");
+    if (env && *env) {
+        snprintf(root, n, "%s", env);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) {
+        snprintf(root, n, ".");
+        return;
+    }
+    exe[len] = '\0';
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+    }
+    snprintf(root, n, "%s", exe);
+}
+
+/* Run the Python tracer with `args`; its stdout goes to `out` (may be NULL:
+ * discarded).  Returns 0 or prints one error line and returns 1. */
+static int run_tracer(const char *root, const char *args, char *out, size_t out_n)
+{
+    const char *py = getenv("TERAIO_PYTHON");
+    char pybuf[PATH_MAX + 32], libbuf[PATH_MAX + 32], cmd[4 * PATH_MAX];
+    if (!py || !*py) {
+        snprintf(pybuf, sizeof pybuf, "%s/.venv/bin/python", root);
+        py = pybuf;
+    }
+    const char *lib = getenv("TERAIO_LIBRARY");
+    if (!lib || !*lib) {
+        char exe[PATH_MAX];
+        ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[len > 0 ? len : 0] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        snprintf(libbuf, sizeof libbuf, "%s/../lib/libteraio.so", exe);
+        lib = libbuf;
+    }
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && PYTHONPATH='%s/python' TERAIO_LIBRARY='%s' '%s' -m teraio.paper %s "
+             "2>'%s/build/paper-traces/tracer.log'",
+             root, root, lib, py, args, root);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return cli_error(CMD, "cannot run the tracer %s: %s", py, strerror(errno));
+    size_t used = 0;
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, p)) > 0)
+        if (out && used + got < out_n) {
+            memcpy(out + used, buf, got);
+            used += got;
+        }
+    if (out)
+        out[used] = '\0';
+    int st = pclose(p);
+    if (st != 0)
+        return cli_error(CMD, "the tracer (%s -m teraio.paper %s) failed with status %d; see "
+                         "%s/build/paper-traces/tracer.log", py, args, st, root);
+    return 0;
+}
+
+static int list_configs(const char *root, paper_config *cfg, int *n)
+{
+    static char out[1 << 14];
+    int st = run_tracer(root, "--list", out, sizeof out);
+    if (st)
+        return st;
+    *n = 0;
+    for (char *line = strtok(out, "\n"); line && *n < MAX_CONFIGS; line = strtok(NULL, "\n")) {
+        paper_config *c = &cfg[*n];
+        memset(c, 0, sizeof *c);
+        if (sscanf(line, "{\"model\": \"%31[^\"]\", \"batch\": %d, \"seq\": %d, "
+                   "\"paper_m_pct\": %lf}", c->model, &c->batch, &c->seq, &c->paper_m_pct) == 4)
+            (*n)++;
+    }
+    if (*n == 0)
+        return cli_error(CMD, "the tracer listed no configurations");
+    return 0;
+}
+
+static void progress(bool tty, int i, int n, const paper_config *c, const char *what)
+{
+    if (!tty)
+        return;
+    fprintf(stderr, "\r\033[K[%d/%d] %s batch %d seq %d: %s", i + 1, n, c->model, c->batch,
+            c->seq, what);
+    fflush(stderr);
+}
+
+/* Trace (cached), analyse and simulate every strategy for one config. */
+static int run_config(const char *root, const char *hw_path, const tio_hw *hw, paper_config *c,
+                      bool tty, int i, int n)
+{
+    char path[PATH_MAX + 160], args[3 * PATH_MAX + 200];
+    snprintf(path, sizeof path, "%s/build/paper-traces/%s/%s-b%d-s%d.tio", root, hw->name,
+             c->model, c->batch, c->seq);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        progress(tty, i, n, c, "tracing");
+        snprintf(args, sizeof args, "--model %s --batch %d --seq %d --hw '%s' -o '%s'", c->model,
+                 c->batch, c->seq, hw_path, path);
+        int s = run_tracer(root, args, NULL, 0);
+        if (s)
+            return s;
+    }
+    loaded l;
+    int rc = load_trace(path, &l);
+    for (int s = 0; s < TIO_SIM_N_STRATEGIES && !rc; s++) {
+        progress(tty, i, n, c, tio_sim_strategy_name((tio_sim_strategy)s));
+        rc = tio_sim_run(l.trace, l.lt, hw, (tio_sim_strategy)s, &c->rep[s], NULL);
+    }
+    if (!rc)
+        c->traced_m_pct = 100.0 * (double)l.lt->peak_bytes / 94e9;
+    unload(&l);
+    if (rc)
+        return cli_lib_error(CMD, rc);
+    c->done = true;
+    return 0;
+}
+
+static double speedup_zi(const paper_config *c, int s)
+{
+    return (double)c->rep[TIO_SIM_ZERO_INFINITY].iteration_ns / (double)c->rep[s].iteration_ns;
+}
+
+static void print_paper_table(const paper_config *cfg, int n)
+{
+    char pk[32], sw[32], sr[32], hw[32], hr[32];
+    printf("%-11s %5s %5s %6s %6s  %-13s %6s %7s %10s %10s %10s %10s %10s %8s\n", "model",
+           "batch", "seq", "M%pap", "M%tr", "strategy", "ideal", "vs ZI", "peak", "to ssd",
+           "from ssd", "to host", "from host", "plan s");
+    for (int i = 0; i < n; i++) {
+        const paper_config *c = &cfg[i];
+        for (int s = 0; s < TIO_SIM_N_STRATEGIES; s++) {
+            const tio_sim_report *r = &c->rep[s];
+            printf("%-11s %5d %5d %6.0f %6.0f  %-13s %6.3f %7.2f %10s %10s %10s %10s %10s %8.3f\n",
+                   s ? "" : c->model, c->batch, c->seq, c->paper_m_pct, c->traced_m_pct,
+                   tio_sim_strategy_name((tio_sim_strategy)s), r->fraction_of_ideal,
+                   speedup_zi(c, s), cli_format_bytes(r->peak_bytes, pk),
+                   cli_format_bytes(r->bytes[TIO_CH_SSD_WRITE], sw),
+                   cli_format_bytes(r->bytes[TIO_CH_SSD_READ], sr),
+                   cli_format_bytes(r->bytes[TIO_CH_HOST_WRITE], hw),
+                   cli_format_bytes(r->bytes[TIO_CH_HOST_READ], hr), r->plan_seconds);
+        }
+    }
+    printf("\naverage over %d configurations\n%-13s %8s %8s\n", n, "strategy", "ideal", "vs ZI");
+    for (int s = 0; s < TIO_SIM_N_STRATEGIES; s++) {
+        double f = 0, z = 0;
+        for (int i = 0; i < n; i++) {
+            f += cfg[i].rep[s].fraction_of_ideal;
+            z += speedup_zi(&cfg[i], s);
+        }
+        printf("%-13s %8.3f %8.2f\n", tio_sim_strategy_name((tio_sim_strategy)s), f / n, z / n);
+    }
+}
+
+typedef struct {
+    double avg_fraction, avg_speedup_zi, plan_s_70b, alg1_plan_s_70b, demo_err;
+    bool ge_alg1, m_ok, have_demo;
+} paper_summary;
+
+static void summarize(const paper_config *cfg, int n, paper_summary *sm)
+{
+    memset(sm, 0, sizeof *sm);
+    sm->ge_alg1 = sm->m_ok = true;
+    for (int i = 0; i < n; i++) {
+        const paper_config *c = &cfg[i];
+        sm->avg_fraction += c->rep[TIO_SIM_TERAIO].fraction_of_ideal / n;
+        sm->avg_speedup_zi += speedup_zi(c, TIO_SIM_TERAIO) / n;
+        if (c->rep[TIO_SIM_TERAIO].fraction_of_ideal + 1e-9 <
+            c->rep[TIO_SIM_TERAIO_ALG1].fraction_of_ideal)
+            sm->ge_alg1 = false;
+        if (fabs(c->traced_m_pct - c->paper_m_pct) > 0.10 * c->paper_m_pct)
+            sm->m_ok = false;
+        if (!strcmp(c->model, "llama3-70b")) {
+            double p = c->rep[TIO_SIM_TERAIO].plan_seconds;
+            double q = c->rep[TIO_SIM_TERAIO_ALG1].plan_seconds;
+            sm->plan_s_70b = p > sm->plan_s_70b ? p : sm->plan_s_70b;
+            sm->alg1_plan_s_70b = q > sm->alg1_plan_s_70b ? q : sm->alg1_plan_s_70b;
+        }
+    }
+}
+
+static void print_paper_json(const paper_config *cfg, int n, const char *hw_name,
+                             const paper_summary *sm)
+{
+    printf("{\n  \"hw\": \"%s\",\n  \"configs\": [\n", hw_name);
+    for (int i = 0; i < n; i++) {
+        const paper_config *c = &cfg[i];
+        printf("   {\"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"paper_m_pct\": %.1f, "
+               "\"traced_m_pct\": %.1f, \"results\": [\n", c->model, c->batch, c->seq,
+               c->paper_m_pct, c->traced_m_pct);
+        for (int s = 0; s < TIO_SIM_N_STRATEGIES; s++)
+            print_report_json(tio_sim_strategy_name((tio_sim_strategy)s), &c->rep[s],
+                              s + 1 < TIO_SIM_N_STRATEGIES);
+        printf("   ]}%s\n", i + 1 < n ? "," : "");
+    }
+    printf("  ],\n  \"summary\": {\"configs\": %d, \"teraio_avg_fraction_of_ideal\": %.4f, "
+           "\"teraio_avg_speedup_over_zero_infinity\": %.4f, \"teraio_ge_alg1_everywhere\": %s, "
+           "\"m_within_10pct\": %s, \"plan_seconds_llama3_70b\": %.4f, "
+           "\"alg1_plan_seconds_llama3_70b\": %.4f, \"sim_vs_measured_error\": ",
+           n, sm->avg_fraction, sm->avg_speedup_zi, sm->ge_alg1 ? "true" : "false",
+           sm->m_ok ? "true" : "false", sm->plan_s_70b, sm->alg1_plan_s_70b);
+    if (sm->have_demo)
+        printf("%.4f}\n}\n", sm->demo_err);
+    else
+        printf("null}\n}\n");
+}
+
+/* fraction-of-ideal.svg: one group of bars per configuration. */
+static int write_bars_svg(const char *dir, const paper_config *cfg, int n)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/fraction-of-ideal.svg", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return cli_error(CMD, "%s: cannot create: %s", path, strerror(errno));
+    static const char *colors[] = {"#999999", "#f28e2b", "#4e79a7", "#59a14f", "#e15759",
+                                   "#b07aa1", "#edc948"};
+    int gw = 7 * 8 + 12, W = 80 + n * gw + 160, H = 340;
+    fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' "
+            "font-family='sans-serif' font-size='10'>\n", W, H);
+    fprintf(f, "<text x='10' y='16' font-size='13'>fraction of ideal per strategy and "
+            "configuration (simulated)</text>\n");
+    for (int t = 0; t <= 4; t++) {
+        double y = 280 - t * 62.5;
+        fprintf(f, "<line x1='50' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/><text x='20' "
+                "y='%.1f'>%.2f</text>\n", 60 + n * gw, y, y, y + 3, t * 0.25);
+    }
+    for (int i = 0; i < n; i++) {
+        int x0 = 60 + i * gw;
+        for (int s = 0; s < TIO_SIM_N_STRATEGIES; s++) {
+            double v = cfg[i].rep[s].fraction_of_ideal, h = 250 * (v > 1 ? 1 : v);
+            fprintf(f, "<rect x='%d' y='%.1f' width='7' height='%.1f' fill='%s'><title>%s "
+                    "%d/%d %s: %.3f</title></rect>\n", x0 + s * 8, 280 - h, h, colors[s],
+                    cfg[i].model, cfg[i].batch, cfg[i].seq,
+                    tio_sim_strategy_name((tio_sim_strategy)s), v);
+        }
+        fprintf(f, "<text transform='translate(%d,292) rotate(40)'>%s b%d s%d</text>\n", x0,
+                cfg[i].model, cfg[i].batch, cfg[i].seq);
+    }
+    for (int s = 0; s < TIO_SIM_N_STRATEGIES; s++)
+        fprintf(f, "<rect x='%d' y='%d' width='10' height='10' fill='%s'/><text x='%d' "
+                "y='%d'>%s</text>\n", W - 140, 40 + 16 * s, colors[s], W - 125, 49 + 16 * s,
+                tio_sim_strategy_name((tio_sim_strategy)s));
+    fprintf(f, "</svg>\n");
+    return fclose(f) ? cli_error(CMD, "%s: write failed", path) : 0;
+}
+
+/* memory-timeline.svg: resident bytes per kernel under teraio vs ideal. */
+static int write_timeline_svg(const char *dir, const paper_config *c)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/memory-timeline.svg", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return cli_error(CMD, "%s: cannot create: %s", path, strerror(errno));
+    const tio_sim_report *id = &c->rep[TIO_SIM_IDEAL], *te = &c->rep[TIO_SIM_TERAIO];
+    uint32_t n = id->n_kernels;
+    double top = (double)id->peak_bytes * 1.05, W = 900, H = 300;
+    fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%.0f' height='%.0f' "
+            "font-family='sans-serif' font-size='11'>\n<text x='10' y='16' font-size='13'>"
+            "%s batch %d seq %d: device memory per kernel (GB), no offloading vs teraio"
+            "</text>\n", W + 60, H + 50, c->model, c->batch, c->seq);
+    const tio_sim_report *rs[2] = {id, te};
+    const char *col[2] = {"#999999", "#4e79a7"};
+    for (int j = 0; j < 2; j++) {
+        fprintf(f, "<polyline fill='none' stroke='%s' points='", col[j]);
+        uint32_t step = n > 2000 ? n / 2000 : 1;
+        for (uint32_t k = 0; k < n; k += step)
+            fprintf(f, "%.1f,%.1f ", 50 + W * k / n,
+                    30 + H - H * (double)rs[j]->memory_bytes[k] / top);
+        fprintf(f, "'/>\n");
+    }
+    double cy = 30 + H - H * 94e9 / top;
+    fprintf(f, "<line x1='50' x2='%.0f' y1='%.1f' y2='%.1f' stroke='#e15759' "
+            "stroke-dasharray='4'/><text x='55' y='%.1f'>capacity 94 GB</text>\n", 50 + W, cy,
+            cy, cy - 3);
+    fprintf(f, "<text x='55' y='%.0f'>peak %.0f GB</text>\n</svg>\n", 42.0,
+            (double)id->peak_bytes / 1e9);
+    return fclose(f) ? cli_error(CMD, "%s: write failed", path) : 0;
+}
+
+typedef int (*demo_fn)(const char *, double *, double *, double *);
+
+static int eval_paper(const char *hw_arg, const char *svg_dir, bool json, demo_fn demo)
+{
+    char root[PATH_MAX], hw_path[PATH_MAX + 32], dir[PATH_MAX + 160];
+    find_root(root, sizeof root);
+    char cwd[PATH_MAX / 2];
+    if (!hw_arg)
+        snprintf(hw_path, sizeof hw_path, "%s/hw/h100-nvl-paper.conf", root);
+    else if (hw_arg[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(hw_path, sizeof hw_path, "%s/%s", cwd, hw_arg);
+    else
+        snprintf(hw_path, sizeof hw_path, "%s", hw_arg);
+    tio_hw hw;
+    int rc = tio_hw_load(hw_path, &hw);
+    if (rc)
+        return cli_lib_error(CMD, rc);
+    snprintf(dir, sizeof dir, "%s/build", root);
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/build/paper-traces", root);
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/build/paper-traces/%s", root, hw.name);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return cli_error(CMD, "%s: cannot create: %s", dir, strerror(errno));
+    static paper_config cfg[MAX_CONFIGS];
+    int n = 0, st = list_configs(root, cfg, &n);
+    bool tty = isatty(2);
+    for (int i = 0; i < n && !st; i++)
+        st = run_config(root, hw_path, &hw, &cfg[i], tty, i, n);
+    if (tty)
+        fprintf(stderr, "\r\033[K");
+    if (!st && svg_dir) {
+        mkdir(svg_dir, 0755);
+        st = write_bars_svg(svg_dir, cfg, n);
+        if (!st)
+            st = write_timeline_svg(svg_dir, &cfg[0]);
+    }
+    if (!st) {
+        paper_summary sm;
+        summarize(cfg, n, &sm);
+        char demo_path[PATH_MAX + 32];
+        snprintf(demo_path, sizeof demo_path, "%s/build/demo/summary.json", root);
+        double a, b;
+        struct stat sb;
+        if (stat(demo_path, &sb) == 0 && demo(demo_path, &a, &b, &sm.demo_err) == 0)
+            sm.have_demo = true;
+        if (json) {
+            print_paper_json(cfg, n, hw.name, &sm);
+        } else {
+            print_paper_table(cfg, n);
+            printf("\nteraio: %.3f of ideal on average, %.2fx over zero-infinity; "
+                   "teraio >= teraio-alg1 everywhere: %s; M within 10%%: %s\n"
+                   "planning Llama3-70B: teraio %.3f s, teraio-alg1 %.3f s\n",
+                   sm.avg_fraction, sm.avg_speedup_zi, sm.ge_alg1 ? "yes" : "no",
+                   sm.m_ok ? "yes" : "no", sm.plan_s_70b, sm.alg1_plan_s_70b);
+            if (sm.have_demo)
+                printf("simulated vs measured (CPU demo): %.1f%% error\n", 100 * sm.demo_err);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < TIO_SIM_N_STRATEGIES; s++)
+            tio_sim_report_free(&cfg[i].rep[s]);
+    return st;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    eval_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    if (!strcmp(a.mode, "trace"))
+        return eval_trace(&a);
+    if (!strcmp(a.mode, "demo"))
+        return eval_demo(&a);
+    return eval_paper(a.hw_path, a.svg_dir, a.json, demo_error);
+}

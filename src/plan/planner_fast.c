@@ -1,0 +1,692 @@
+/*
+ * plan/planner_fast.c — the fast planner (strategy "teraio").
+ *
+ * It makes Algorithm 1's greedy choice (planner.c has the reference and the
+ * meaning of every quantity) without re-scoring every candidate each round:
+ *
+ *  - Lazy re-ranking.  A candidate's score (over-capacity kernel time
+ *    covered by its placement) can only fall from round to round: M' only
+ *    goes down, bandwidth budgets only go down (so the walks only get
+ *    longer and the covered window shorter) and host use only goes up.  So
+ *    a score computed in an earlier round is an upper bound.  Candidates sit
+ *    in a max-heap keyed (score, bytes, -index) — Algorithm 1's order — and
+ *    only the top is re-scored; if it still beats the next stale key it is
+ *    the round's best, exactly as a full re-scan would find.
+ *  - Bandwidth walks by prefix sums.  Each channel's per-kernel budget is a
+ *    Fenwick tree, so "first kernel where the cumulative budget reaches s"
+ *    is a binary descent, O(log n).  Booking drains whole kernels, found by
+ *    two union-find "next/previous kernel with budget left" maps, so each
+ *    kernel is drained once per channel over the whole run.
+ *  - Over-capacity time by a segment tree over M' that keeps, per node, the
+ *    summed duration of kernels still above capacity and the smallest M'
+ *    among them: a range decrease that leaves all of them above capacity is
+ *    lazy, and each kernel drops below capacity once.
+ *  - Host-tier room by a max segment tree with lazy range add.
+ *
+ * With best_tier the planner also considers the host tier when the SSD
+ * placement scores, and takes whichever covers more over-capacity time
+ * (Algorithm 1 takes the SSD whenever it scores at all).  kind_mask limits
+ * which tensor kinds may move (the FlashNeuron baseline moves activations
+ * only).  Indices past n_kernels wrap into the next iteration, as in
+ * planner.c.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "plan/plan_internal.h"
+
+enum { CH_SSD_WRITE, CH_SSD_READ, CH_HOST_WRITE, CH_HOST_READ, N_CHANNELS };
+
+/* ---- a channel's budget: Fenwick tree + next/prev union-find --------------- */
+
+typedef struct {
+    uint32_t n;
+    uint64_t *cell;   /* [n] bytes left per kernel */
+    uint64_t *fen;    /* [n + 1] Fenwick tree over cell */
+    uint32_t *next;   /* [n + 1] union-find: first kernel >= i with budget (n: none) */
+    uint32_t *prev;   /* [n + 1] union-find over i + 1: last kernel <= i with budget, +1 */
+    uint64_t total;
+    int log2n;
+} channel;
+
+static void fen_add(channel *c, uint32_t i, int64_t delta)
+{
+    for (uint32_t x = i + 1; x <= c->n; x += x & -x)
+        c->fen[x] += (uint64_t)delta;
+    c->total += (uint64_t)delta;
+}
+
+static uint64_t fen_prefix(const channel *c, uint32_t x) /* sum of cells [0, x) */
+{
+    uint64_t s = 0;
+    for (; x > 0; x -= x & -x)
+        s += c->fen[x];
+    return s;
+}
+
+/* Smallest x in [1, n] with prefix(x) >= t (t >= 1, t <= total). */
+static uint32_t fen_lower_bound(const channel *c, uint64_t t)
+{
+    uint32_t pos = 0;
+    for (int b = c->log2n; b >= 0; b--) {
+        uint32_t nx = pos + (1u << b);
+        if (nx <= c->n && c->fen[nx] < t) {
+            pos = nx;
+            t -= c->fen[nx];
+        }
+    }
+    return pos + 1;
+}
+
+/* F(x): cumulative budget of unwrapped kernels [0, x), x in [0, 2n]. */
+static uint64_t ch_F(const channel *c, uint64_t x)
+{
+    return x <= c->n ? fen_prefix(c, (uint32_t)x) : c->total + fen_prefix(c, (uint32_t)(x - c->n));
+}
+
+/* Smallest unwrapped x in [1, 2n] with F(x) >= t; 0 if none. */
+static uint64_t ch_lower_bound(const channel *c, uint64_t t)
+{
+    if (t <= c->total)
+        return fen_lower_bound(c, t);
+    if (t - c->total <= c->total)
+        return c->n + fen_lower_bound(c, t - c->total);
+    return 0;
+}
+
+static uint32_t uf_find(uint32_t *p, uint32_t i)
+{
+    uint32_t r = i;
+    while (p[r] != r)
+        r = p[r];
+    while (p[i] != r) {
+        uint32_t nx = p[i];
+        p[i] = r;
+        i = nx;
+    }
+    return r;
+}
+
+static void ch_drain(channel *c, uint32_t k, uint64_t take)
+{
+    c->cell[k] -= take;
+    fen_add(c, k, -(int64_t)take);
+    if (c->cell[k] == 0) {
+        c->next[k] = k + 1;  /* skip k going forward */
+        c->prev[k + 1] = k;  /* slot k+1 stands for kernel k; point it below */
+    }
+}
+
+/* First kernel >= k with budget left, or n. */
+static uint32_t ch_next(channel *c, uint32_t k) { return uf_find(c->next, k); }
+
+/* Last kernel <= k with budget left, or UINT32_MAX. */
+static uint32_t ch_prev(channel *c, uint32_t k)
+{
+    uint32_t s = uf_find(c->prev, k + 1);
+    return s == 0 ? UINT32_MAX : s - 1;
+}
+
+static int ch_init(channel *c, uint32_t n, double gbps, const tio_trace *trace)
+{
+    memset(c, 0, sizeof *c);
+    c->n = n;
+    c->cell = malloc(((size_t)n + 1) * sizeof *c->cell);
+    c->fen = calloc((size_t)n + 1, sizeof *c->fen);
+    c->next = malloc(((size_t)n + 1) * sizeof *c->next);
+    c->prev = malloc(((size_t)n + 1) * sizeof *c->prev);
+    if (!c->cell || !c->fen || !c->next || !c->prev)
+        return -ENOMEM;
+    while ((1u << (c->log2n + 1)) <= n)
+        c->log2n++;
+    for (uint32_t k = 0; k <= n; k++) {
+        c->next[k] = k;
+        c->prev[k] = k;
+    }
+    c->prev[0] = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        double b = floor(gbps * (double)trace->kernels[k].duration_ns);
+        uint64_t cap = UINT64_MAX / (4 * ((uint64_t)n + 1)); /* 2 x total must fit */
+        c->cell[k] = b >= (double)cap ? cap : (uint64_t)b;
+        c->fen[k + 1] += c->cell[k];
+        uint32_t up = (k + 1) + ((k + 1) & -(k + 1));
+        if (up <= n)
+            c->fen[up] += c->fen[k + 1];
+        c->total += c->cell[k];
+        if (c->cell[k] == 0) {
+            c->next[k] = k + 1;
+            c->prev[k + 1] = k;
+        }
+    }
+    return 0;
+}
+
+static void ch_free(channel *c)
+{
+    free(c->cell);
+    free(c->fen);
+    free(c->next);
+    free(c->prev);
+}
+
+/* Forward walk (a, b): k_off = one past the kernel where s bytes are done. */
+static bool ch_walk_offload(const channel *c, uint64_t a, uint64_t b, uint64_t s, uint64_t *k_off)
+{
+    uint64_t x = ch_lower_bound(c, ch_F(c, a + 1) + s);
+    if (x == 0 || x > b)
+        return false;
+    *k_off = x;
+    return true;
+}
+
+/* Backward walk (a, b): k_pre = the kernel where s bytes are done counting
+ * back from b - 1. */
+static bool ch_walk_prefetch(const channel *c, uint64_t a, uint64_t b, uint64_t s, uint64_t *k_pre)
+{
+    uint64_t fb = ch_F(c, b);
+    if (fb < s)
+        return false;
+    uint64_t x = ch_lower_bound(c, fb - s + 1);
+    if (x == 0)
+        return false;
+    uint64_t p = x - 1;
+    if (p <= a)
+        return false;
+    *k_pre = p;
+    return true;
+}
+
+static void ch_book_offload(channel *c, uint64_t a, uint64_t s)
+{
+    uint64_t u = a + 1, left = s;
+    while (left > 0) {
+        uint32_t k = (uint32_t)(u % c->n);
+        uint32_t d = ch_next(c, k);
+        if (d == c->n) {
+            u += c->n - k;
+            continue;
+        }
+        u += d - k;
+        uint64_t take = c->cell[d] < left ? c->cell[d] : left;
+        ch_drain(c, d, take);
+        left -= take;
+        u++;
+    }
+}
+
+static void ch_book_prefetch(channel *c, uint64_t b, uint64_t s)
+{
+    uint64_t u = b - 1 + c->n, left = s; /* offset keeps u >= 0 across a wrap */
+    while (left > 0) {
+        uint32_t k = (uint32_t)(u % c->n);
+        uint32_t d = ch_prev(c, k);
+        if (d == UINT32_MAX) {
+            u -= (uint64_t)k + 1;
+            continue;
+        }
+        u -= k - d;
+        uint64_t take = c->cell[d] < left ? c->cell[d] : left;
+        ch_drain(c, d, take);
+        left -= take;
+        u--;
+    }
+}
+
+/* ---- over-capacity time: segment tree over M' ------------------------------ */
+
+typedef struct {
+    uint32_t n, size;
+    uint64_t capacity;
+    uint64_t *over_ns;   /* [2 size] summed duration of kernels above capacity */
+    uint64_t *min_over;  /* [2 size] smallest M' among them (UINT64_MAX: none) */
+    uint64_t *lazy;      /* [2 size] pending decrease for the subtree */
+} overtree;
+
+static void ot_pull(overtree *t, uint32_t i)
+{
+    t->over_ns[i] = t->over_ns[2 * i] + t->over_ns[2 * i + 1];
+    uint64_t l = t->min_over[2 * i], r = t->min_over[2 * i + 1];
+    t->min_over[i] = l < r ? l : r;
+}
+
+static void ot_apply(overtree *t, uint32_t i, uint64_t d)
+{
+    if (t->min_over[i] != UINT64_MAX)
+        t->min_over[i] -= d;
+    t->lazy[i] += d;
+}
+
+static void ot_push(overtree *t, uint32_t i)
+{
+    if (t->lazy[i]) {
+        ot_apply(t, 2 * i, t->lazy[i]);
+        ot_apply(t, 2 * i + 1, t->lazy[i]);
+        t->lazy[i] = 0;
+    }
+}
+
+static void ot_sub(overtree *t, uint32_t i, uint32_t lo, uint32_t hi, uint32_t l, uint32_t r,
+                   uint64_t d)
+{
+    if (r <= lo || hi <= l || t->min_over[i] == UINT64_MAX)
+        return;
+    if (l <= lo && hi <= r && t->min_over[i] - t->capacity > d) {
+        ot_apply(t, i, d);
+        return;
+    }
+    if (hi - lo == 1) { /* a leaf that drops to capacity or below */
+        t->min_over[i] = UINT64_MAX;
+        t->over_ns[i] = 0;
+        return;
+    }
+    ot_push(t, i);
+    uint32_t mid = (lo + hi) / 2;
+    ot_sub(t, 2 * i, lo, mid, l, r, d);
+    ot_sub(t, 2 * i + 1, mid, hi, l, r, d);
+    ot_pull(t, i);
+}
+
+static uint64_t ot_sum(const overtree *t, uint32_t i, uint32_t lo, uint32_t hi, uint32_t l,
+                       uint32_t r)
+{
+    if (r <= lo || hi <= l || t->over_ns[i] == 0)
+        return 0;
+    if (l <= lo && hi <= r)
+        return t->over_ns[i];
+    uint32_t mid = (lo + hi) / 2;
+    return ot_sum(t, 2 * i, lo, mid, l, r) + ot_sum(t, 2 * i + 1, mid, hi, l, r);
+}
+
+/* Call fn on the (at most two) cell ranges of unwrapped [from, to). */
+#define FOR_CELL_RANGES(n, from, to, L, R, body)                                  \
+    do {                                                                          \
+        uint64_t f_ = (from) % (n), len_ = (to) - (from);                          \
+        uint32_t L = (uint32_t)f_, R = (uint32_t)(f_ + len_ < (n) ? f_ + len_ : (n)); \
+        body;                                                                     \
+        if (f_ + len_ > (n)) {                                                     \
+            L = 0;                                                                \
+            R = (uint32_t)(f_ + len_ - (n));                                       \
+            body;                                                                 \
+        }                                                                         \
+    } while (0)
+
+static uint64_t ot_range_ns(const overtree *t, uint64_t from, uint64_t to)
+{
+    uint64_t s = 0;
+    FOR_CELL_RANGES(t->n, from, to, L, R, s += ot_sum(t, 1, 0, t->size, L, R));
+    return s;
+}
+
+static void ot_range_sub(overtree *t, uint64_t from, uint64_t to, uint64_t d)
+{
+    FOR_CELL_RANGES(t->n, from, to, L, R, ot_sub(t, 1, 0, t->size, L, R, d));
+}
+
+static int ot_init(overtree *t, const uint64_t *m, const tio_trace *trace, uint64_t capacity)
+{
+    memset(t, 0, sizeof *t);
+    t->n = trace->n_kernels;
+    t->capacity = capacity;
+    t->size = 1;
+    while (t->size < t->n)
+        t->size *= 2;
+    t->over_ns = calloc(2 * (size_t)t->size, sizeof *t->over_ns);
+    t->min_over = malloc(2 * (size_t)t->size * sizeof *t->min_over);
+    t->lazy = calloc(2 * (size_t)t->size, sizeof *t->lazy);
+    if (!t->over_ns || !t->min_over || !t->lazy)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < t->size; i++) {
+        bool over = i < t->n && m[i] > capacity;
+        t->min_over[t->size + i] = over ? m[i] : UINT64_MAX;
+        t->over_ns[t->size + i] = over ? trace->kernels[i].duration_ns : 0;
+    }
+    for (uint32_t i = t->size - 1; i >= 1; i--)
+        ot_pull(t, i);
+    return 0;
+}
+
+static void ot_free(overtree *t)
+{
+    free(t->over_ns);
+    free(t->min_over);
+    free(t->lazy);
+}
+
+/* ---- host tier: max segment tree with lazy add ----------------------------- */
+
+typedef struct {
+    uint32_t n, size;
+    uint64_t *max, *lazy;
+} maxtree;
+
+static void mt_add(maxtree *t, uint32_t i, uint32_t lo, uint32_t hi, uint32_t l, uint32_t r,
+                   uint64_t d)
+{
+    if (r <= lo || hi <= l)
+        return;
+    if (l <= lo && hi <= r) {
+        t->max[i] += d;
+        t->lazy[i] += d;
+        return;
+    }
+    uint32_t mid = (lo + hi) / 2;
+    mt_add(t, 2 * i, lo, mid, l, r, d);
+    mt_add(t, 2 * i + 1, mid, hi, l, r, d);
+    uint64_t a = t->max[2 * i], b = t->max[2 * i + 1];
+    t->max[i] = (a > b ? a : b) + t->lazy[i];
+}
+
+static uint64_t mt_max(const maxtree *t, uint32_t i, uint32_t lo, uint32_t hi, uint32_t l,
+                       uint32_t r)
+{
+    if (r <= lo || hi <= l)
+        return 0;
+    if (l <= lo && hi <= r)
+        return t->max[i];
+    uint32_t mid = (lo + hi) / 2;
+    uint64_t a = mt_max(t, 2 * i, lo, mid, l, r), b = mt_max(t, 2 * i + 1, mid, hi, l, r);
+    return (a > b ? a : b) + t->lazy[i];
+}
+
+static uint64_t mt_range_max(const maxtree *t, uint64_t from, uint64_t to)
+{
+    uint64_t m = 0;
+    FOR_CELL_RANGES(t->n, from, to, L, R, {
+        uint64_t v = mt_max(t, 1, 0, t->size, L, R);
+        if (v > m)
+            m = v;
+    });
+    return m;
+}
+
+static void mt_range_add(maxtree *t, uint64_t from, uint64_t to, uint64_t d)
+{
+    FOR_CELL_RANGES(t->n, from, to, L, R, mt_add(t, 1, 0, t->size, L, R, d));
+}
+
+/* ---- the planner ------------------------------------------------------------ */
+
+typedef struct {
+    uint64_t score, bytes;
+    uint32_t index;
+} heap_item;
+
+typedef struct {
+    const tio_trace *trace;
+    const tio_lifetime *lt;
+    tio_plan_fast_options fopt;
+    uint32_t n;
+    uint64_t capacity, host_cap;
+    uint64_t *planned;          /* [n] M' */
+    channel ch[N_CHANNELS];
+    overtree over;
+    maxtree host;
+    heap_item *heap;
+    uint32_t heap_n;
+    tio_migration *migrations;
+    uint32_t n_migrations, cap_migrations;
+    uint64_t bytes_to_ssd, bytes_to_host;
+} fast;
+
+typedef struct {
+    bool ok;
+    tio_tier tier;
+    uint64_t k_off, k_pre, score_ns;
+} placement;
+
+static bool heap_less(const heap_item *x, const heap_item *y) /* x ranks below y */
+{
+    if (x->score != y->score)
+        return x->score < y->score;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes;
+    return x->index > y->index;
+}
+
+static void heap_push(fast *f, heap_item it)
+{
+    uint32_t i = f->heap_n++;
+    f->heap[i] = it;
+    while (i > 0 && heap_less(&f->heap[(i - 1) / 2], &f->heap[i])) {
+        heap_item t = f->heap[i];
+        f->heap[i] = f->heap[(i - 1) / 2];
+        f->heap[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+static heap_item heap_pop(fast *f)
+{
+    heap_item top = f->heap[0];
+    f->heap[0] = f->heap[--f->heap_n];
+    uint32_t i = 0;
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < f->heap_n && heap_less(&f->heap[m], &f->heap[l]))
+            m = l;
+        if (r < f->heap_n && heap_less(&f->heap[m], &f->heap[r]))
+            m = r;
+        if (m == i)
+            break;
+        heap_item t = f->heap[i];
+        f->heap[i] = f->heap[m];
+        f->heap[m] = t;
+        i = m;
+    }
+    return top;
+}
+
+static placement place_on(const fast *f, const tio_inactive_period *per, int wch, int rch,
+                          tio_tier tier)
+{
+    placement pl = {.ok = false, .tier = tier};
+    uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
+    if (!ch_walk_offload(&f->ch[wch], a, b, s, &pl.k_off) ||
+        !ch_walk_prefetch(&f->ch[rch], a, b, s, &pl.k_pre) || pl.k_off >= pl.k_pre)
+        return pl;
+    pl.score_ns = ot_range_ns(&f->over, pl.k_off, pl.k_pre);
+    pl.ok = pl.score_ns > 0;
+    return pl;
+}
+
+static bool host_has_room(const fast *f, const tio_inactive_period *per)
+{
+    if (per->bytes > f->host_cap)
+        return false;
+    return mt_range_max(&f->host, (uint64_t)per->last_use + 1, per->next_use) <=
+           f->host_cap - per->bytes;
+}
+
+static placement place(const fast *f, const tio_inactive_period *per)
+{
+    placement ssd = place_on(f, per, CH_SSD_WRITE, CH_SSD_READ, TIO_TIER_SSD);
+    if (ssd.ok && !f->fopt.best_tier)
+        return ssd;
+    if (f->host_cap == 0 || !host_has_room(f, per))
+        return ssd;
+    placement host = place_on(f, per, CH_HOST_WRITE, CH_HOST_READ, TIO_TIER_HOST);
+    if (host.ok && (!ssd.ok || host.score_ns > ssd.score_ns))
+        return host;
+    return ssd;
+}
+
+static int emit(fast *f, uint32_t tensor, tio_migration_kind kind, uint64_t trigger,
+                uint64_t deadline, tio_tier tier, uint64_t bytes)
+{
+    int rc = tio_grow((void **)&f->migrations, &f->cap_migrations, f->n_migrations + 1,
+                      sizeof *f->migrations);
+    if (rc)
+        return rc;
+    f->migrations[f->n_migrations++] = (tio_migration){
+        .tensor = tensor,
+        .kind = kind,
+        .trigger_kernel = (uint32_t)(trigger % f->n),
+        .deadline_kernel = (uint32_t)(deadline % f->n),
+        .tier = tier,
+        .bytes = bytes,
+    };
+    return 0;
+}
+
+static int apply(fast *f, const tio_inactive_period *per, const placement *pl)
+{
+    uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
+    bool ssd = pl->tier == TIO_TIER_SSD;
+    int rc = emit(f, per->tensor, TIO_MIGRATION_OFFLOAD, a + 1, pl->k_off, pl->tier, s);
+    if (!rc)
+        rc = emit(f, per->tensor, TIO_MIGRATION_PREFETCH, pl->k_pre, b, pl->tier, s);
+    if (rc)
+        return rc;
+    ch_book_offload(&f->ch[ssd ? CH_SSD_WRITE : CH_HOST_WRITE], a, s);
+    ch_book_prefetch(&f->ch[ssd ? CH_SSD_READ : CH_HOST_READ], b, s);
+    for (uint64_t k = pl->k_off; k < pl->k_pre; k++)
+        f->planned[k % f->n] -= s;
+    ot_range_sub(&f->over, pl->k_off, pl->k_pre, s);
+    if (ssd) {
+        f->bytes_to_ssd += s;
+    } else {
+        f->bytes_to_host += s;
+        mt_range_add(&f->host, a + 1, b, s);
+    }
+    return 0;
+}
+
+static bool movable(const fast *f, const tio_inactive_period *per)
+{
+    uint32_t mask = f->fopt.kind_mask;
+    return mask == 0 || (mask >> f->trace->tensors[per->tensor].kind) & 1u;
+}
+
+static int fast_rounds(fast *f)
+{
+    const tio_lifetime *lt = f->lt;
+    for (uint32_t i = 0; i < lt->n_periods; i++) {
+        if (!movable(f, &lt->periods[i]))
+            continue;
+        placement pl = place(f, &lt->periods[i]);
+        if (pl.ok)
+            heap_push(f, (heap_item){pl.score_ns, lt->periods[i].bytes, i});
+    }
+    while (f->heap_n > 0 && f->over.min_over[1] != UINT64_MAX) {
+        heap_item top = heap_pop(f);
+        const tio_inactive_period *per = &lt->periods[top.index];
+        placement pl = place(f, per);
+        if (!pl.ok)
+            continue;
+        heap_item now = {pl.score_ns, top.bytes, top.index};
+        if (f->heap_n > 0 && heap_less(&now, &f->heap[0])) {
+            heap_push(f, now);
+            continue;
+        }
+        int rc = apply(f, per, &pl);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void fast_free(fast *f)
+{
+    free(f->planned);
+    for (int c = 0; c < N_CHANNELS; c++)
+        ch_free(&f->ch[c]);
+    ot_free(&f->over);
+    free(f->host.max);
+    free(f->host.lazy);
+    free(f->heap);
+    free(f->migrations);
+}
+
+static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
+                     const tio_plan_options *opt)
+{
+    f->trace = trace;
+    f->lt = lt;
+    f->n = lt->n_kernels;
+    f->capacity = opt->capacity_bytes;
+    f->host_cap = opt->host_cap_bytes;
+    f->planned = malloc((size_t)f->n * sizeof *f->planned);
+    f->heap = malloc(((size_t)lt->n_periods + 1) * sizeof *f->heap);
+    f->host.n = f->n;
+    f->host.size = 1;
+    while (f->host.size < f->n)
+        f->host.size *= 2;
+    f->host.max = calloc(2 * (size_t)f->host.size, sizeof *f->host.max);
+    f->host.lazy = calloc(2 * (size_t)f->host.size, sizeof *f->host.lazy);
+    if (!f->planned || !f->heap || !f->host.max || !f->host.lazy)
+        return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
+    memcpy(f->planned, lt->memory_bytes, (size_t)f->n * sizeof *f->planned);
+    double gbps[N_CHANNELS] = {
+        [CH_SSD_WRITE] = opt->ssd_write_gbps,
+        [CH_SSD_READ] = opt->ssd_read_gbps,
+        [CH_HOST_WRITE] = opt->device_to_host_gbps > 0 ? opt->device_to_host_gbps
+                                                        : opt->ssd_write_gbps,
+        [CH_HOST_READ] = opt->host_to_device_gbps > 0 ? opt->host_to_device_gbps
+                                                       : opt->ssd_read_gbps,
+    };
+    for (int c = 0; c < N_CHANNELS; c++)
+        if (ch_init(&f->ch[c], f->n, gbps[c], trace))
+            return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
+    if (ot_init(&f->over, f->planned, trace, f->capacity))
+        return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
+    return 0;
+}
+
+void tio_plan_fast_options_default(tio_plan_fast_options *fopt)
+{
+    fopt->kind_mask = 0;
+    fopt->best_tier = true;
+}
+
+int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
+                        const tio_plan_options *opt, const tio_plan_fast_options *fopt,
+                        tio_plan **out)
+{
+    if (!out)
+        return tio_fail(-EINVAL, "tio_plan_build_fast: out is NULL");
+    *out = NULL;
+    uint64_t t0 = tio_now_ns();
+    int rc = tio_plan_check_inputs(trace, lt, opt);
+    if (rc)
+        return rc;
+    if (lt->n_kernels == 0)
+        return tio_fail(-EINVAL, "tio_plan_build_fast: the trace has no kernels");
+    fast f;
+    memset(&f, 0, sizeof f);
+    if (fopt)
+        f.fopt = *fopt;
+    else
+        tio_plan_fast_options_default(&f.fopt);
+    rc = fast_init(&f, trace, lt, opt);
+    if (!rc)
+        rc = fast_rounds(&f);
+    if (!rc)
+        rc = tio_plan_sort_migrations(f.migrations, f.n_migrations);
+    tio_plan *plan = rc ? NULL : calloc(1, sizeof *plan);
+    if (!plan) {
+        fast_free(&f);
+        return rc ? rc : tio_fail(-ENOMEM, "out of memory for the plan");
+    }
+    plan->n_kernels = f.n;
+    plan->n_tensors = trace->n_tensors;
+    plan->capacity_bytes = f.capacity;
+    plan->n_migrations = f.n_migrations;
+    plan->migrations = f.migrations;
+    plan->planned_memory_bytes = f.planned;
+    for (uint32_t k = 0; k < f.n; k++)
+        if (f.planned[k] > plan->planned_peak_bytes)
+            plan->planned_peak_bytes = f.planned[k];
+    plan->peak_host_bytes = mt_range_max(&f.host, 0, f.n);
+    plan->bytes_to_ssd = f.bytes_to_ssd;
+    plan->bytes_to_host = f.bytes_to_host;
+    plan->fits = plan->planned_peak_bytes <= plan->capacity_bytes;
+    f.migrations = NULL;
+    f.planned = NULL;
+    fast_free(&f);
+    plan->plan_seconds = (double)(tio_now_ns() - t0) / 1e9;
+    *out = plan;
+    return 0;
+}
