@@ -16,16 +16,45 @@
  * pread/pwrite (O_DIRECT where the file system allows it, buffered I/O
  * otherwise).  tio_engine_backend() says which and why.
  *
+ * Queues: each directory keeps four pending queues, urgent and normal for
+ * reads and for writes.  Its backend always takes urgent chunks first (reads
+ * before writes), then alternates between normal reads and normal writes, so
+ * a long stream of offloads cannot hold back a prefetch or the reverse.
+ *
+ * io_uring specifics: the backing file is registered with each ring (fixed
+ * file), and so are the engine's bounce buffers (fixed buffers); memory the
+ * caller registers with tio_engine_register_buffer is used with
+ * IORING_OP_READ_FIXED / WRITE_FIXED too, which saves the kernel pinning
+ * the pages of every request.  Registration pins memory, which counts
+ * against RLIMIT_MEMLOCK for processes without CAP_IPC_LOCK; when the limit
+ * is too low the engine says so (naming the limit and how to raise it) in
+ * tio_engine_backend_reason and the log, and carries on with unregistered
+ * buffers.
+ *
+ * Integrity: with options.checksum, a write computes the CRC32C of the
+ * bytes written and keeps it with the extent; a read of exactly that many
+ * bytes recomputes it and completes with TIO_ECORRUPT ("CRC32C mismatch",
+ * naming the tag, the extent and both values) when they differ.  An extent
+ * whose last write failed cannot be read (TIO_ECORRUPT, "last write
+ * failed"): a failed write never passes for stored data.  Reads of another
+ * length than the last write are not checked.
+ *
  * Environment (read by tio_engine_create):
  *   TIO_ENGINE_BACKEND=auto|io_uring|psync  overrides options.backend, e.g.
  *       for systems whose seccomp filter breaks io_uring in odd ways.
- *   TIO_ENGINE_FAULT=<eio|enospc|short>:<read|write>:<N>  fault injection for
- *       tests, inert unless set: the N-th chunk (1-based, counted per engine
- *       in submission order; a chunk is one piece of a request, at most
- *       request_bytes, within one stripe unit) of that kind fails with -EIO
- *       or -ENOSPC without touching the disk, or ("short") reports half its
- *       bytes transferred, which the retry logic must then complete.
- *   An invalid value of either makes create fail with -EINVAL.
+ *   TIO_ENGINE_FAULT=<eio|enospc|short|delay>:<read|write>:<N>[:<MS>]  fault
+ *       injection for tests, inert unless set: the N-th chunk (1-based,
+ *       counted per engine in submission order; a chunk is one piece of a
+ *       request, at most request_bytes, within one stripe unit) of that kind
+ *       fails with -EIO or -ENOSPC without touching the disk, or ("short")
+ *       reports half its bytes transferred, which the retry logic must then
+ *       complete, or ("delay") starts MS milliseconds late (default 100;
+ *       other chunks keep moving meanwhile).  MS is accepted for delay only.
+ *   TIO_ENGINE_PROBE_FAIL=<odirect|io_uring|memlock>[,...]  test hook, inert
+ *       unless set: make the probe behave as if the file system refused
+ *       O_DIRECT (EINVAL), the kernel refused io_uring (EPERM), or buffer
+ *       registration hit RLIMIT_MEMLOCK (ENOMEM), to exercise each fallback.
+ *   An invalid value of any of them makes create fail with -EINVAL.
  *
  * Every completion's length is checked; short transfers are resubmitted for
  * the rest; EINTR/EAGAIN are retried; any other error completes the request
@@ -61,6 +90,7 @@ typedef struct {
     uint32_t request_bytes;   /* max bytes per I/O request, multiple of 4 KiB
                                  up to 1 GiB; default 1 MiB */
     tio_backend backend;      /* default AUTO */
+    bool checksum;            /* CRC32C per extent (see above); default off */
 } tio_engine_options;
 
 /* Defaults for everything except dirs/n_dirs/capacity_bytes.  create also
@@ -97,6 +127,40 @@ TIO_API tio_backend tio_engine_backend(const tio_engine *engine);
 TIO_API const char *tio_engine_backend_reason(const tio_engine *engine);
 TIO_API const char *tio_backend_name(tio_backend backend);
 
+/* Whether the io_uring rings use registered (fixed) buffers and the
+ * registered backing file; false for psync and after a refused
+ * registration (the reason says why). */
+TIO_API bool tio_engine_fixed_buffers(const tio_engine *engine);
+TIO_API bool tio_engine_fixed_files(const tio_engine *engine);
+
+/* Register [addr, addr + bytes) with every ring, so that requests whose
+ * buffer lies inside it (4 KiB-aligned parts, which go to the disk without a
+ * bounce buffer) use fixed-buffer I/O.  The memory must stay valid until
+ * tio_engine_unregister_buffer or destroy.  Registration uses one slot per
+ * started GiB of a region, TIO_ENGINE_MAX_REGISTERED slots in all.  With the psync backend or when fixed
+ * buffers are off, the call records nothing and returns 0.
+ * Returns 0; -EINVAL (bytes == 0, overlaps a registered region); -ENOSPC
+ * (out of slots); -ENOMEM with a message naming RLIMIT_MEMLOCK and the
+ * fix when the kernel refuses to pin that much; another -errno from
+ * io_uring_register.  Caller's thread only. */
+#define TIO_ENGINE_MAX_REGISTERED 64u
+TIO_API int tio_engine_register_buffer(tio_engine *engine, void *addr, uint64_t bytes);
+/* Forget a region registered at `addr`.  Requests already submitted keep
+ * their pages pinned until they complete.  Returns 0 or -EINVAL (not
+ * registered; always 0 where register recorded nothing). */
+TIO_API int tio_engine_unregister_buffer(tio_engine *engine, void *addr);
+
+/* Space accounting of the extent allocator.  Fragmentation shows as
+ * largest_free_bytes < free_bytes (1 - largest/free is the usual measure). */
+typedef struct {
+    uint64_t capacity_bytes;      /* the logical space (capacity rounded up) */
+    uint64_t free_bytes;          /* sum of the free ranges */
+    uint64_t largest_free_bytes;  /* the largest allocation that can succeed */
+    uint32_t free_extents;        /* number of free ranges (never touching) */
+    uint32_t used_extents;        /* extents allocated and not freed */
+} tio_engine_space;
+TIO_API void tio_engine_space_stats(const tio_engine *engine, tio_engine_space *out);
+
 /* Reserve space for `bytes` (rounded up to 4 KiB), first fit.
  * Returns 0, -ENOSPC (no free range that large), -EINVAL (bytes == 0),
  * -ENOMEM.  Not thread-safe (the engine's one caller thread). */
@@ -118,8 +182,8 @@ TIO_API int tio_engine_submit_read(tio_engine *engine, const tio_extent *extent,
 
 typedef struct {
     uint64_t tag;
-    int result;        /* 0, or -errno of the first failure (message in
-                          tio_engine_completion_error) */
+    int result;        /* 0, -errno of the first failure, or TIO_ECORRUPT
+                          (message in tio_engine_completion_error) */
 } tio_completion;
 
 /* Collect finished requests: waits until at least `min_complete` are

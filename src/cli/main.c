@@ -19,6 +19,7 @@ static const struct subcommand commands[] = {
     {"analyze", cmd_analyze, "analyze TRACE [--ssd-read-gbps R --ssd-write-gbps W] [--json]  inactive periods, memory curve, paper statistics"},
     {"eval", cmd_eval, "eval paper [--json] [--svg DIR] | eval trace TRACE --hw PROFILE | eval demo SUMMARY  simulate offloading strategies"},
     {"plan", cmd_plan, "plan TRACE --capacity BYTES [--ssd-read-gbps R] [--ssd-write-gbps W] [--host-cap BYTES] -o PLAN"},
+    {"bench", cmd_bench, "bench io [--dir DIR ...] [--size BYTES] [--bs BYTES] [--qd N] [--runs N] [--json]  engine vs fio"},
     {"check", cmd_check, "check TRACE PLAN        does PLAN apply to TRACE? planned peak vs capacity"},
 };
 

@@ -4,24 +4,32 @@
  * (old kernels, seccomp filters in containers).
  *
  * Each directory gets min(queue_depth, 4) workers that pop chunks from the
- * directory's pending queue, urgent class first, and loop on pread/pwrite
+ * directory's pending queues, urgent class first, and loop on pread/pwrite
  * until the chunk is complete, applying the same length check, retry and
  * error rules as the io_uring backend (tio_chunk_account).  A few threads per
  * directory are enough to keep an NVMe SSD's queue busy with 1 MiB requests;
  * more would only add contention.
  */
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/engine_internal.h"
 
 #define TIO_PSYNC_MAX_WORKERS 4u
 
-/* Run one chunk to completion (or failure) with blocking calls. */
+/* Run one prepared chunk to completion (or failure) with blocking calls. */
 static void run_chunk(tio_engine *e, tio_chunk *c)
 {
-    int err = tio_chunk_prepare(e, c);
-    while (!err) {
+    int err = 0;
+    if (c->fault == TIO_FAULT_DELAY) {
+        struct timespec ts = {.tv_sec = e->fault_delay_ms / 1000,
+                              .tv_nsec = (long)(e->fault_delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        c->fault = TIO_FAULT_NONE;
+    }
+    for (;;) {
         int64_t res;
         if (c->fault == TIO_FAULT_EIO || c->fault == TIO_FAULT_ENOSPC) {
             res = 0; /* injected failure: tio_chunk_account replaces it */
@@ -32,8 +40,7 @@ static void run_chunk(tio_engine *e, tio_chunk *c)
                                               : pread(c->dir->fd, c->io_ptr + c->done, len, off);
             res = n < 0 ? -errno : n;
         }
-        int outcome = tio_chunk_account(c, res, &err);
-        if (outcome == TIO_CHUNK_DONE)
+        if (tio_chunk_account(c, res, &err) != TIO_CHUNK_RETRY)
             break;
     }
     tio_chunk_finish(e, c, err);
@@ -45,6 +52,10 @@ static void *worker_main(void *arg)
     pthread_mutex_lock(&d->mu);
     for (;;) {
         tio_chunk *c = tio_dir_pop(d);
+        if (c && tio_chunk_prepare(d->engine, c) != 0) {
+            tio_dir_push_front(d, c); /* wait for a bounce buffer */
+            c = NULL;
+        }
         if (!c) {
             if (d->stop)
                 break;

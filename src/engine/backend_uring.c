@@ -11,15 +11,26 @@
  * the rest wait in the directory's pending queue, urgent class first, so an
  * urgent request overtakes everything not yet handed to the kernel.
  *
+ * Registration: each ring gets its directory's backing file as fixed file 0
+ * and a sparse buffer table whose first slots are the directory's bounce
+ * buffers and whose other TIO_ENGINE_MAX_REGISTERED slots take the caller's
+ * regions (tio_engine_register_buffer).  A chunk whose I/O memory lies in a
+ * registered slot goes out as READ_FIXED / WRITE_FIXED, so the kernel need
+ * not look up and pin its pages on every request.  Registration is all or
+ * nothing across the rings: if any ring refuses, none uses fixed buffers
+ * (the reason names RLIMIT_MEMLOCK when that was the cause).
+ *
  * Every CQE is checked by tio_chunk_account: a short transfer or
  * -EINTR/-EAGAIN puts the chunk back at the front of the queue for the rest,
  * anything else fails the request.  Injected errors (TIO_ENGINE_FAULT) are
  * submitted as a NOP whose result is then replaced, so they travel the same
- * path as a real failure without touching the disk.
+ * path as a real failure without touching the disk; an injected delay is a
+ * TIMEOUT op carrying the chunk, which goes back to the queue when it fires.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/uio.h>
 
 #include "engine/engine_internal.h"
 #include "teraio_config.h"
@@ -32,6 +43,9 @@
 struct tio_uring {
     struct io_uring ring;
     pthread_t thread;
+    bool files_registered;
+    bool bufs_registered;
+    struct __kernel_timespec delay; /* for injected delays */
 };
 
 /* Submit everything prepared; dir->mu held.  Transient refusals are retried
@@ -51,6 +65,46 @@ static void submit_ring(tio_dir *d)
     }
 }
 
+/* The registered-buffer slot holding the chunk's I/O memory, or
+ * TIO_NO_SLOT; dir->mu held (the region table is stable under it). */
+static uint32_t buffer_slot(const tio_engine *e, const tio_chunk *c)
+{
+    if (!e->fixed_bufs)
+        return TIO_NO_SLOT;
+    if (c->bounce)
+        return c->bounce_slot;
+    const char *p = c->io_ptr;
+    for (uint32_t i = 0; i < e->n_regions; i++) {
+        const tio_region *r = &e->regions[i];
+        if (p < r->addr || p + c->io_len > r->addr + r->bytes)
+            continue;
+        uint64_t first = (uint64_t)(p - r->addr) / TIO_REG_SLOT_BYTES;
+        uint64_t last = (uint64_t)(p - r->addr + c->io_len - 1) / TIO_REG_SLOT_BYTES;
+        return first == last ? r->slot + (uint32_t)first : TIO_NO_SLOT;
+    }
+    return TIO_NO_SLOT;
+}
+
+static void prep_io(tio_dir *d, struct io_uring_sqe *sqe, tio_chunk *c)
+{
+    tio_engine *e = d->engine;
+    int fd = e->fixed_files ? 0 : d->fd;
+    char *p = c->io_ptr + c->done;
+    unsigned len = c->io_len - c->done;
+    uint64_t off = c->file_off + c->done;
+    uint32_t slot = buffer_slot(e, c);
+    if (slot != TIO_NO_SLOT && c->op == TIO_OP_WRITE)
+        io_uring_prep_write_fixed(sqe, fd, p, len, off, (int)slot);
+    else if (slot != TIO_NO_SLOT)
+        io_uring_prep_read_fixed(sqe, fd, p, len, off, (int)slot);
+    else if (c->op == TIO_OP_WRITE)
+        io_uring_prep_write(sqe, fd, p, len, off);
+    else
+        io_uring_prep_read(sqe, fd, p, len, off);
+    if (e->fixed_files)
+        sqe->flags |= IOSQE_FIXED_FILE;
+}
+
 /* Move pending chunks into the ring up to queue_depth; dir->mu held. */
 static void feed(tio_dir *d)
 {
@@ -61,10 +115,9 @@ static void feed(tio_dir *d)
         tio_chunk *c = tio_dir_pop(d);
         if (!c)
             break;
-        int err = tio_chunk_prepare(e, c);
-        if (err) {
-            tio_chunk_finish(e, c, err);
-            continue;
+        if (c->fault != TIO_FAULT_DELAY && tio_chunk_prepare(e, c) != 0) {
+            tio_dir_push_front(d, c); /* no bounce buffer free: wait for one */
+            break;
         }
         struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
         if (!sqe) {
@@ -73,12 +126,10 @@ static void feed(tio_dir *d)
         }
         if (c->fault == TIO_FAULT_EIO || c->fault == TIO_FAULT_ENOSPC)
             io_uring_prep_nop(sqe);
-        else if (c->op == TIO_OP_WRITE)
-            io_uring_prep_write(sqe, d->fd, c->io_ptr + c->done, c->io_len - c->done,
-                                c->file_off + c->done);
+        else if (c->fault == TIO_FAULT_DELAY)
+            io_uring_prep_timeout(sqe, &d->uring->delay, 0, 0);
         else
-            io_uring_prep_read(sqe, d->fd, c->io_ptr + c->done, c->io_len - c->done,
-                               c->file_off + c->done);
+            prep_io(d, sqe, c);
         io_uring_sqe_set_data(sqe, c);
         d->inflight++;
         queued = true;
@@ -193,6 +244,103 @@ static void close_rings(tio_engine *e, uint32_t n)
     }
 }
 
+/* Fixed file 0 of every ring is its backing file; on refusal none is. */
+static void register_files(tio_engine *e)
+{
+    int rc = 0;
+    uint32_t i = 0;
+    for (; i < e->n_dirs && !rc; i++) {
+        tio_dir *d = &e->dirs[i];
+        rc = io_uring_register_files(&d->uring->ring, &d->fd, 1);
+        d->uring->files_registered = rc == 0;
+    }
+    e->fixed_files = rc == 0;
+    if (!rc)
+        return;
+    for (uint32_t j = 0; j < e->n_dirs; j++)
+        if (e->dirs[j].uring->files_registered) {
+            io_uring_unregister_files(&e->dirs[j].uring->ring);
+            e->dirs[j].uring->files_registered = false;
+        }
+    char text[200];
+    snprintf(text, sizeof text, "fixed files off: io_uring_register_files: %s", tio_strerror(rc));
+    tio_engine_append_reason(e, text);
+    tio_log(TIO_LOG_WARN, "engine: %s", text);
+}
+
+/* One ring's buffer table: sparse, the bounce slab in the first slots. */
+static int register_ring_buffers(tio_engine *e, tio_dir *d, const char **step)
+{
+    struct io_uring *ring = &d->uring->ring;
+    *step = "io_uring_register_buffers_sparse";
+    int rc = io_uring_register_buffers_sparse(ring, e->n_bounce + TIO_ENGINE_MAX_REGISTERED);
+    if (rc)
+        return rc;
+    d->uring->bufs_registered = true;
+    *step = "io_uring_register_buffers_update_tag";
+    if (e->probe_fail & TIO_PROBE_FAIL_MEMLOCK)
+        return -ENOMEM;
+    struct iovec *iov = calloc(e->n_bounce, sizeof *iov);
+    if (!iov)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < e->n_bounce; i++)
+        iov[i] = (struct iovec){.iov_base = d->slab + (size_t)i * e->bounce_bytes,
+                                .iov_len = e->bounce_bytes};
+    rc = io_uring_register_buffers_update_tag(ring, 0, iov, NULL, e->n_bounce);
+    free(iov);
+    return rc < 0 ? rc : 0;
+}
+
+static void register_buffers(tio_engine *e)
+{
+    const char *step = "";
+    int rc = 0;
+    for (uint32_t i = 0; i < e->n_dirs && !rc; i++)
+        rc = register_ring_buffers(e, &e->dirs[i], &step);
+    e->fixed_bufs = rc == 0;
+    if (!rc)
+        return;
+    for (uint32_t j = 0; j < e->n_dirs; j++)
+        if (e->dirs[j].uring->bufs_registered) {
+            io_uring_unregister_buffers(&e->dirs[j].uring->ring);
+            e->dirs[j].uring->bufs_registered = false;
+        }
+    char text[400];
+    if (rc == -ENOMEM)
+        tio_memlock_message(text, sizeof text,
+                            (uint64_t)e->n_dirs * e->n_bounce * e->bounce_bytes);
+    else
+        snprintf(text, sizeof text, "fixed buffers off: %s: %s", step, tio_strerror(rc));
+    if (e->probe_fail & TIO_PROBE_FAIL_MEMLOCK)
+        snprintf(text + strlen(text), sizeof text - strlen(text),
+                 " (forced by TIO_ENGINE_PROBE_FAIL)");
+    tio_engine_append_reason(e, text);
+    tio_log(TIO_LOG_WARN, "engine: %s", text);
+}
+
+int tio_uring_update_slots(tio_engine *e, uint32_t slot, const struct iovec *iov, uint32_t n)
+{
+    struct iovec empty[TIO_ENGINE_MAX_REGISTERED];
+    if (!iov) {
+        memset(empty, 0, sizeof empty);
+        iov = empty;
+    }
+    for (uint32_t i = 0; i < e->n_dirs; i++) {
+        int rc = io_uring_register_buffers_update_tag(&e->dirs[i].uring->ring, slot, iov, NULL,
+                                                      n);
+        if (rc < 0) {
+            if (iov != empty) {
+                memset(empty, 0, sizeof empty);
+                for (uint32_t j = 0; j < i; j++)
+                    io_uring_register_buffers_update_tag(&e->dirs[j].uring->ring, slot, empty,
+                                                         NULL, n);
+            }
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* Wake directory d's completion thread with a NOP carrying no chunk, which
  * tells it to exit, and wait for it. */
 static void stop_thread(tio_dir *d)
@@ -212,6 +360,11 @@ static void stop_thread(tio_dir *d)
 
 int tio_uring_start(tio_engine *e, char *why, size_t why_len)
 {
+    if (e->probe_fail & TIO_PROBE_FAIL_URING) {
+        snprintf(why, why_len, "io_uring_queue_init: %s (forced by TIO_ENGINE_PROBE_FAIL)",
+                 tio_strerror(-EPERM));
+        return -EPERM;
+    }
     uint32_t n_rings = 0;
     int rc = 0;
     for (; n_rings < e->n_dirs; n_rings++) {
@@ -229,6 +382,8 @@ int tio_uring_start(tio_engine *e, char *why, size_t why_len)
             d->uring = NULL;
             break;
         }
+        d->uring->delay.tv_sec = e->fault_delay_ms / 1000;
+        d->uring->delay.tv_nsec = (long long)(e->fault_delay_ms % 1000) * 1000000;
         rc = probe_ring(d, &d->uring->ring, why, why_len);
         if (rc) {
             n_rings++;
@@ -239,6 +394,8 @@ int tio_uring_start(tio_engine *e, char *why, size_t why_len)
         close_rings(e, n_rings);
         return rc;
     }
+    register_files(e);
+    register_buffers(e);
     for (uint32_t i = 0; i < e->n_dirs; i++) {
         rc = pthread_create(&e->dirs[i].uring->thread, NULL, completion_main, &e->dirs[i]);
         if (rc) {
@@ -246,6 +403,7 @@ int tio_uring_start(tio_engine *e, char *why, size_t why_len)
             for (uint32_t j = 0; j < i; j++)
                 stop_thread(&e->dirs[j]);
             close_rings(e, e->n_dirs);
+            e->fixed_files = e->fixed_bufs = false;
             return -rc;
         }
     }
@@ -277,5 +435,10 @@ int tio_uring_start(tio_engine *e, char *why, size_t why_len)
 void tio_uring_kick(tio_dir *d) {}
 
 void tio_uring_stop(tio_engine *e) {}
+
+int tio_uring_update_slots(tio_engine *e, uint32_t slot, const struct iovec *iov, uint32_t n)
+{
+    return -EOPNOTSUPP;
+}
 
 #endif

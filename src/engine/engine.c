@@ -8,20 +8,27 @@
  * call tio_chunk_finish, which moves a request to the completed list when its
  * last chunk is done.  tio_engine_reap and the synchronous helpers only ever
  * take requests off that list, so a synchronous call never swallows another
- * request's completion.  The bounce buffer pool, the chunk bookkeeping that
- * both backends share (prepare / account / finish) and the environment
- * switches (TIO_ENGINE_BACKEND, TIO_ENGINE_FAULT) live here too.
+ * request's completion.  The bounce buffers, the chunk bookkeeping that
+ * both backends share (prepare / account / finish), the per-extent CRC32C
+ * and the environment switches (TIO_ENGINE_BACKEND, TIO_ENGINE_FAULT,
+ * TIO_ENGINE_PROBE_FAIL) live here too.
  */
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 
 #include "engine/engine_internal.h"
 
 #define MIB (1024u * 1024u)
+/* Bounce buffers per directory: queue_depth of them, capped at this many
+ * bytes of slab (but at least 4 buffers, the most psync workers). */
+#define TIO_BOUNCE_SLAB_BYTES (64u * MIB)
+#define TIO_FAULT_DELAY_DEFAULT_MS 100u
 
 static atomic_uint engine_seq;
 
@@ -55,10 +62,36 @@ const char *tio_engine_backing_path(const tio_engine *engine, uint32_t dir)
 
 uint32_t tio_engine_in_flight(const tio_engine *engine) { return engine->in_flight; }
 
-static void append_reason(tio_engine *e, const char *text)
+bool tio_engine_fixed_buffers(const tio_engine *engine) { return engine->fixed_bufs; }
+
+bool tio_engine_fixed_files(const tio_engine *engine) { return engine->fixed_files; }
+
+void tio_engine_space_stats(const tio_engine *engine, tio_engine_space *out)
+{
+    tio_extent_map_stats(&engine->map, out);
+}
+
+void tio_engine_append_reason(tio_engine *e, const char *text)
 {
     size_t n = strlen(e->reason);
     snprintf(e->reason + n, sizeof e->reason - n, "%s%s", n ? "; " : "", text);
+}
+
+static void append_reason(tio_engine *e, const char *text) { tio_engine_append_reason(e, text); }
+
+void tio_memlock_message(char *out, size_t len, uint64_t bytes)
+{
+    struct rlimit rl;
+    char limit[32] = "unknown";
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY)
+            snprintf(limit, sizeof limit, "unlimited");
+        else
+            snprintf(limit, sizeof limit, "%llu bytes", (unsigned long long)rl.rlim_cur);
+    }
+    snprintf(out, len, "fixed buffers off: io_uring could not pin %llu bytes, RLIMIT_MEMLOCK is "
+             "%s (raise it: 'ulimit -l unlimited', LimitMEMLOCK=infinity in a systemd unit, "
+             "'--ulimit memlock=-1' for docker)", (unsigned long long)bytes, limit);
 }
 
 /* ---- options and environment ------------------------------------------ */
@@ -111,16 +144,27 @@ static int apply_backend_env(tio_engine *e, bool *forced_by_env)
     return 0;
 }
 
-/* TIO_ENGINE_FAULT="<eio|enospc|short>:<read|write>:<N>". */
+/* TIO_ENGINE_FAULT="<eio|enospc|short|delay>:<read|write>:<N>[:<MS>]". */
 static int parse_fault_env(tio_engine *e)
 {
     const char *v = getenv("TIO_ENGINE_FAULT");
     if (!v || !v[0])
         return 0;
     char kind[16], op[16];
-    unsigned long long nth;
-    char extra;
-    if (sscanf(v, "%15[a-z]:%15[a-z]:%llu%c", kind, op, &nth, &extra) != 3 || nth == 0)
+    unsigned long long nth, ms = TIO_FAULT_DELAY_DEFAULT_MS;
+    int pos = 0;
+    if (sscanf(v, "%15[a-z]:%15[a-z]:%llu%n", kind, op, &nth, &pos) != 3)
+        goto bad;
+    if (v[pos] == ':') {
+        char *end;
+        const char *digits = v + pos + 1;
+        ms = strtoull(digits, &end, 10);
+        if (strcmp(kind, "delay") != 0 || end == digits || *end || *digits == '-' || ms > 60000)
+            goto bad;
+    } else if (v[pos]) {
+        goto bad;
+    }
+    if (nth == 0)
         goto bad;
     if (strcmp(kind, "eio") == 0)
         e->fault_kind = TIO_FAULT_EIO;
@@ -128,6 +172,8 @@ static int parse_fault_env(tio_engine *e)
         e->fault_kind = TIO_FAULT_ENOSPC;
     else if (strcmp(kind, "short") == 0)
         e->fault_kind = TIO_FAULT_SHORT;
+    else if (strcmp(kind, "delay") == 0)
+        e->fault_kind = TIO_FAULT_DELAY;
     else
         goto bad;
     if (strcmp(op, "read") == 0)
@@ -137,12 +183,38 @@ static int parse_fault_env(tio_engine *e)
     else
         goto bad;
     e->fault_nth = nth;
+    e->fault_delay_ms = (uint32_t)ms;
     tio_log(TIO_LOG_WARN, "engine: fault injection armed: %s", v);
     return 0;
 bad:
     e->fault_kind = TIO_FAULT_NONE;
-    return tio_fail(-EINVAL, "TIO_ENGINE_FAULT='%s': expected <eio|enospc|short>:<read|write>:<N>"
-                    " with N >= 1", v);
+    return tio_fail(-EINVAL, "TIO_ENGINE_FAULT='%s': expected <eio|enospc|short|delay>:"
+                    "<read|write>:<N> with N >= 1 (delay: optionally :<MS> up to 60000)", v);
+}
+
+/* TIO_ENGINE_PROBE_FAIL="<odirect|io_uring|memlock>[,...]". */
+static int parse_probe_fail_env(tio_engine *e)
+{
+    const char *v = getenv("TIO_ENGINE_PROBE_FAIL");
+    if (!v || !v[0])
+        return 0;
+    for (const char *p = v; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == 7 && !strncmp(p, "odirect", n))
+            e->probe_fail |= TIO_PROBE_FAIL_ODIRECT;
+        else if (n == 8 && !strncmp(p, "io_uring", n))
+            e->probe_fail |= TIO_PROBE_FAIL_URING;
+        else if (n == 7 && !strncmp(p, "memlock", n))
+            e->probe_fail |= TIO_PROBE_FAIL_MEMLOCK;
+        else
+            return tio_fail(-EINVAL, "TIO_ENGINE_PROBE_FAIL='%s': expected a comma-separated list "
+                            "of odirect, io_uring, memlock", v);
+        p += n;
+        if (*p == ',' && *++p == '\0')
+            return tio_fail(-EINVAL, "TIO_ENGINE_PROBE_FAIL='%s': trailing comma", v);
+    }
+    tio_log(TIO_LOG_WARN, "engine: probe refusals forced: %s", v);
+    return 0;
 }
 
 /* ---- directories and backing files ------------------------------------ */
@@ -202,8 +274,11 @@ static int open_backing_file(tio_engine *e, tio_dir *d, unsigned seq)
         return tio_fail(-ENOMEM, "engine: out of memory");
     snprintf(d->file, len, "%s/teraio.%ld.%u.%u.data", d->path, (long)getpid(), seq, d->index);
     int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-    d->fd = open(d->file, flags | O_DIRECT, 0600);
+    bool refuse_direct = e->probe_fail & TIO_PROBE_FAIL_ODIRECT;
+    d->fd = refuse_direct ? -1 : open(d->file, flags | O_DIRECT, 0600);
     d->direct = true;
+    if (refuse_direct)
+        errno = EINVAL;
     if (d->fd < 0 && errno == EINVAL) {
         d->fd = open(d->file, flags, 0600);
         d->direct = false;
@@ -243,7 +318,27 @@ static int open_backing_file(tio_engine *e, tio_dir *d, unsigned seq)
         char text[300];
         snprintf(text, sizeof text, "buffered I/O: O_DIRECT refused by %s", d->path);
         append_reason(e, text);
+        tio_log(TIO_LOG_WARN, "engine: %s%s: data goes through the page cache (slower, uses "
+                "host memory)", text, refuse_direct ? " (forced by TIO_ENGINE_PROBE_FAIL)" : "");
     }
+    return 0;
+}
+
+/* The directory's bounce slab and its free stack. */
+static int alloc_bounce_slab(tio_engine *e, tio_dir *d)
+{
+    void *p;
+    if (posix_memalign(&p, TIO_EXTENT_ALIGN, (size_t)e->n_bounce * e->bounce_bytes) != 0)
+        return tio_fail(-ENOMEM, "engine: out of memory for %u bounce buffers of %u bytes",
+                        e->n_bounce, e->bounce_bytes);
+    d->slab = p;
+    d->bounce_free = malloc(e->n_bounce * sizeof *d->bounce_free);
+    if (!d->bounce_free)
+        return tio_fail(-ENOMEM, "engine: out of memory");
+    d->n_bounce = e->n_bounce;
+    for (uint32_t i = 0; i < e->n_bounce; i++)
+        d->bounce_free[i] = e->n_bounce - 1 - i;
+    d->n_bounce_free = e->n_bounce;
     return 0;
 }
 
@@ -279,6 +374,8 @@ static int start_backend(tio_engine *e, bool forced_by_env)
     append_reason(e, fallback);
     if (kept[0])
         append_reason(e, kept);
+    if (e->opt.backend == TIO_BACKEND_AUTO)
+        tio_log(TIO_LOG_WARN, "engine: io_uring refused, using the psync thread pool: %s", why);
     rc = tio_psync_start(e, why, sizeof why);
     if (rc)
         return tio_fail(rc, "engine: psync backend failed to start: %s", why);
@@ -296,16 +393,14 @@ static void free_engine(tio_engine *e)
             unlink(d->file);
         free(d->file);
         free(d->path);
+        free(d->slab);
+        free(d->bounce_free);
         pthread_mutex_destroy(&d->mu);
         pthread_cond_destroy(&d->cv);
     }
     free(e->dirs);
-    for (uint32_t i = 0; i < e->n_pool; i++)
-        free(e->pool[i]);
-    free(e->pool);
     free(e->errs);
     tio_extent_map_fini(&e->map);
-    pthread_mutex_destroy(&e->pool_mu);
     pthread_mutex_destroy(&e->done_mu);
     pthread_cond_destroy(&e->done_cv);
     free(e);
@@ -326,14 +421,18 @@ int tio_engine_create(const tio_engine_options *opt, tio_engine **out)
     if (!e)
         return tio_fail(-ENOMEM, "engine: out of memory");
     e->opt = o;
-    pthread_mutex_init(&e->pool_mu, NULL);
     pthread_mutex_init(&e->done_mu, NULL);
     pthread_cond_init(&e->done_cv, NULL);
     e->bounce_bytes = o.request_bytes < o.stripe_bytes ? o.request_bytes : o.stripe_bytes;
+    uint32_t n_bounce = TIO_BOUNCE_SLAB_BYTES / e->bounce_bytes;
+    if (n_bounce < 4)
+        n_bounce = 4;
+    e->n_bounce = n_bounce < o.queue_depth ? n_bounce : o.queue_depth;
     e->opt.dirs = NULL; /* the caller's array need not outlive create */
 
     bool forced_by_env;
-    if ((rc = apply_backend_env(e, &forced_by_env)) != 0 || (rc = parse_fault_env(e)) != 0)
+    if ((rc = apply_backend_env(e, &forced_by_env)) != 0 || (rc = parse_fault_env(e)) != 0 ||
+        (rc = parse_probe_fail_env(e)) != 0)
         goto fail;
     uint64_t capacity = (o.capacity_bytes + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1);
     if ((rc = tio_extent_map_init(&e->map, capacity)) != 0)
@@ -363,7 +462,7 @@ int tio_engine_create(const tio_engine_options *opt, tio_engine **out)
             rc = tio_fail(-ENOMEM, "engine: out of memory");
             goto fail;
         }
-        if ((rc = open_backing_file(e, d, seq)) != 0)
+        if ((rc = open_backing_file(e, d, seq)) != 0 || (rc = alloc_bounce_slab(e, d)) != 0)
             goto fail;
     }
     if ((rc = start_backend(e, forced_by_env)) != 0)
@@ -414,29 +513,29 @@ int tio_engine_free(tio_engine *engine, const tio_extent *extent)
 
 /* ---- bounce buffers and chunk bookkeeping ----------------------------- */
 
-static void *bounce_get(tio_engine *e)
+/* Take a bounce buffer of the chunk's directory; dir->mu held. */
+static bool bounce_get(tio_engine *e, tio_chunk *c)
 {
-    void *p = NULL;
-    pthread_mutex_lock(&e->pool_mu);
-    if (e->n_pool > 0)
-        p = e->pool[--e->n_pool];
-    pthread_mutex_unlock(&e->pool_mu);
-    if (!p && posix_memalign(&p, TIO_EXTENT_ALIGN, e->bounce_bytes) != 0)
-        p = NULL;
-    return p;
+    tio_dir *d = c->dir;
+    if (d->n_bounce_free == 0)
+        return false;
+    c->bounce_slot = d->bounce_free[--d->n_bounce_free];
+    c->bounce = d->slab + (size_t)c->bounce_slot * e->bounce_bytes;
+    return true;
 }
 
-static void bounce_put(tio_engine *e, void *p)
+/* Give it back and let the backend use it (a chunk may be waiting). */
+static void bounce_put(tio_engine *e, tio_chunk *c)
 {
-    uint32_t keep = e->n_dirs * e->opt.queue_depth;
-    pthread_mutex_lock(&e->pool_mu);
-    if (e->n_pool < keep && tio_grow((void **)&e->pool, &e->cap_pool, e->n_pool + 1,
-                                     sizeof *e->pool) == 0) {
-        e->pool[e->n_pool++] = p;
-        p = NULL;
-    }
-    pthread_mutex_unlock(&e->pool_mu);
-    free(p);
+    tio_dir *d = c->dir;
+    pthread_mutex_lock(&d->mu);
+    d->bounce_free[d->n_bounce_free++] = c->bounce_slot;
+    if (e->backend == TIO_BACKEND_IO_URING)
+        tio_uring_kick(d);
+    else
+        pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    c->bounce = NULL;
 }
 
 int tio_chunk_prepare(tio_engine *engine, tio_chunk *c)
@@ -447,9 +546,8 @@ int tio_chunk_prepare(tio_engine *engine, tio_chunk *c)
         c->io_ptr = c->user_ptr;
         return 0;
     }
-    c->bounce = bounce_get(engine);
-    if (!c->bounce)
-        return -ENOMEM;
+    if (!bounce_get(engine, c))
+        return -EAGAIN;
     if (c->op == TIO_OP_WRITE) {
         memcpy(c->bounce, c->user_ptr, c->user_len);
         memset(c->bounce + c->user_len, 0, c->io_len - c->user_len);
@@ -468,6 +566,8 @@ int tio_chunk_account(tio_chunk *c, int64_t res, int *err)
         res = -ENOSPC;
     else if (fault == TIO_FAULT_SHORT && res > 0)
         res = (res + 1) / 2;
+    else if (fault == TIO_FAULT_DELAY)
+        return TIO_CHUNK_RETRY; /* the delay is over: now do the transfer */
 
     if (res == -EINTR || res == -EAGAIN) {
         if (++c->retries > TIO_CHUNK_MAX_RETRIES) {
@@ -499,14 +599,42 @@ int tio_chunk_account(tio_chunk *c, int64_t res, int *err)
     return TIO_CHUNK_RETRY;
 }
 
+/* Append a finished request to the completed list; done_mu held. */
+static void publish(tio_engine *e, tio_req *r)
+{
+    r->finished = true;
+    r->next = NULL;
+    if (e->done_tail)
+        e->done_tail->next = r;
+    else
+        e->done_head = r;
+    e->done_tail = r;
+    if (!r->sync)
+        e->n_done++;
+    e->n_unfinished--;
+    pthread_cond_broadcast(&e->done_cv);
+}
+
+/* A read whose last chunk is in: compare the data's CRC32C with the one its
+ * write left (off the locks; the buffer is the caller's until published). */
+static void verify_read(tio_req *r)
+{
+    uint32_t got = tio_crc32c(0, r->buf, r->bytes);
+    if (got == r->crc)
+        return;
+    r->result = TIO_ECORRUPT;
+    snprintf(r->msg, sizeof r->msg, "read of tag %llu: extent at offset %llu (%llu bytes): "
+             "CRC32C mismatch (written 0x%08x, read 0x%08x)", (unsigned long long)r->tag,
+             (unsigned long long)r->extent.offset, (unsigned long long)r->extent.bytes, r->crc,
+             got);
+}
+
 void tio_chunk_finish(tio_engine *e, tio_chunk *c, int err)
 {
     if (!err && c->op == TIO_OP_READ && c->bounce)
         memcpy(c->user_ptr, c->bounce, c->user_len);
-    if (c->bounce) {
-        bounce_put(e, c->bounce);
-        c->bounce = NULL;
-    }
+    if (c->bounce)
+        bounce_put(e, c);
     char msg[sizeof c->req->msg];
     if (err)
         snprintf(msg, sizeof msg, "%s '%s' at offset %llu (%u bytes): %s",
@@ -519,43 +647,49 @@ void tio_chunk_finish(tio_engine *e, tio_chunk *c, int err)
         r->result = err;
         memcpy(r->msg, msg, sizeof msg);
     }
-    if (--r->chunks_left == 0) {
-        r->finished = true;
-        r->next = NULL;
-        if (e->done_tail)
-            e->done_tail->next = r;
-        else
-            e->done_head = r;
-        e->done_tail = r;
-        if (!r->sync)
-            e->n_done++;
-        e->n_unfinished--;
-        pthread_cond_broadcast(&e->done_cv);
-    }
+    bool last = --r->chunks_left == 0;
+    /* Decide under the lock: once published, r may be freed by its reaper. */
+    bool check = last && r->verify && r->result == 0;
+    if (last && !check)
+        publish(e, r);
     pthread_mutex_unlock(&e->done_mu);
+    if (check) {
+        verify_read(r);
+        pthread_mutex_lock(&e->done_mu);
+        publish(e, r);
+        pthread_mutex_unlock(&e->done_mu);
+    }
 }
 
 tio_chunk *tio_dir_pop(tio_dir *d)
 {
-    for (int k = 0; k < TIO_N_CLASSES; k++) {
-        tio_chunk *c = d->head[k];
-        if (c) {
-            d->head[k] = c->next;
-            if (!d->head[k])
-                d->tail[k] = NULL;
-            c->next = NULL;
-            return c;
-        }
+    tio_chunk *c = NULL;
+    int cls = TIO_CLASS_URGENT, op = TIO_OP_READ;
+    if (d->head[TIO_CLASS_URGENT][TIO_OP_READ])
+        op = TIO_OP_READ;
+    else if (d->head[TIO_CLASS_URGENT][TIO_OP_WRITE])
+        op = TIO_OP_WRITE;
+    else {
+        cls = TIO_CLASS_NORMAL;
+        op = d->head[cls][d->next_op] ? d->next_op : !d->next_op;
+        d->next_op = (uint8_t)!op;
     }
-    return NULL;
+    c = d->head[cls][op];
+    if (!c)
+        return NULL;
+    d->head[cls][op] = c->next;
+    if (!d->head[cls][op])
+        d->tail[cls][op] = NULL;
+    c->next = NULL;
+    return c;
 }
 
 void tio_dir_push_front(tio_dir *d, tio_chunk *c)
 {
-    c->next = d->head[TIO_CLASS_URGENT];
-    d->head[TIO_CLASS_URGENT] = c;
-    if (!d->tail[TIO_CLASS_URGENT])
-        d->tail[TIO_CLASS_URGENT] = c;
+    c->next = d->head[TIO_CLASS_URGENT][c->op];
+    d->head[TIO_CLASS_URGENT][c->op] = c;
+    if (!d->tail[TIO_CLASS_URGENT][c->op])
+        d->tail[TIO_CLASS_URGENT][c->op] = c;
 }
 
 /* ---- requests --------------------------------------------------------- */
@@ -597,6 +731,10 @@ static tio_req *build_request(tio_engine *e, int op, const tio_extent *x, char *
         return NULL;
     r->tag = tag;
     r->sync = sync;
+    r->op = (uint8_t)op;
+    r->buf = buf;
+    r->bytes = bytes;
+    r->extent = *x;
     r->n_chunks = r->chunks_left = (uint32_t)n_chunks;
     uint64_t pos = 0;
     for (uint32_t i = 0; i < n_chunks; i++) {
@@ -626,18 +764,8 @@ static void enqueue_request(tio_engine *e, tio_req *r)
 {
     pthread_mutex_lock(&e->done_mu);
     e->n_unfinished++;
-    if (r->n_chunks == 0) {
-        r->finished = true;
-        if (e->done_tail)
-            e->done_tail->next = r;
-        else
-            e->done_head = r;
-        e->done_tail = r;
-        if (!r->sync)
-            e->n_done++;
-        e->n_unfinished--;
-        pthread_cond_broadcast(&e->done_cv);
-    }
+    if (r->n_chunks == 0)
+        publish(e, r);
     pthread_mutex_unlock(&e->done_mu);
     for (uint32_t di = 0; di < e->n_dirs && r->n_chunks; di++) {
         tio_dir *d = &e->dirs[di];
@@ -648,11 +776,11 @@ static void enqueue_request(tio_engine *e, tio_req *r)
             if (c->dir != d)
                 continue;
             c->next = NULL;
-            if (d->tail[c->cls])
-                d->tail[c->cls]->next = c;
+            if (d->tail[c->cls][c->op])
+                d->tail[c->cls][c->op]->next = c;
             else
-                d->head[c->cls] = c;
-            d->tail[c->cls] = c;
+                d->head[c->cls][c->op] = c;
+            d->tail[c->cls][c->op] = c;
             any = true;
         }
         if (any) {
@@ -671,10 +799,31 @@ static int submit(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_
     int rc = check_request(e, x, buf, bytes);
     if (rc)
         return rc;
+    tio_used_extent *ue = NULL;
+    if (e->opt.checksum && bytes) {
+        ue = tio_extent_map_find(&e->map, x);
+        if (!ue)
+            return tio_fail(-EINVAL, "engine: checksum on, but the extent at offset %llu "
+                            "(%llu bytes) is not one tio_engine_alloc returned",
+                            (unsigned long long)x->offset, (unsigned long long)x->bytes);
+        if (op == TIO_OP_READ && ue->state == TIO_XS_FAILED)
+            return tio_fail(TIO_ECORRUPT, "read of tag %llu: extent at offset %llu (%llu bytes): "
+                            "its last write failed, it holds no valid data",
+                            (unsigned long long)tag, (unsigned long long)x->offset,
+                            (unsigned long long)x->bytes);
+    }
     tio_req *r = build_request(e, op, x, buf, bytes, tag, urgent, sync);
     if (!r)
         return tio_fail(-ENOMEM, "engine: out of memory queueing a %llu-byte request",
                         (unsigned long long)bytes);
+    if (ue && op == TIO_OP_WRITE) {
+        r->crc = tio_crc32c(0, buf, bytes);
+        r->track = true;
+        ue->state = TIO_XS_WRITING;
+    } else if (ue && ue->state == TIO_XS_VALID && ue->crc_bytes == bytes) {
+        r->crc = ue->crc;
+        r->verify = true;
+    }
     if (out)
         *out = r;
     if (!sync)
@@ -696,6 +845,20 @@ int tio_engine_submit_read(tio_engine *engine, const tio_extent *extent, void *b
 }
 
 /* ---- completions ------------------------------------------------------ */
+
+/* A reaped write, checksum on: record what the extent now holds (if it is
+ * still allocated).  Caller's thread, like the allocator. */
+static void track_write(tio_engine *e, const tio_req *r)
+{
+    if (!r->track)
+        return;
+    tio_used_extent *ue = tio_extent_map_find(&e->map, &r->extent);
+    if (!ue)
+        return;
+    ue->state = r->result ? TIO_XS_FAILED : TIO_XS_VALID;
+    ue->crc = r->crc;
+    ue->crc_bytes = r->bytes;
+}
 
 int tio_engine_reap(tio_engine *e, tio_completion *out, uint32_t max, uint32_t min_complete)
 {
@@ -737,6 +900,7 @@ int tio_engine_reap(tio_engine *e, tio_completion *out, uint32_t max, uint32_t m
     for (tio_req *r = taken; r; i++) {
         tio_req *next = r->next;
         out[i] = (tio_completion){.tag = r->tag, .result = r->result};
+        track_write(e, r);
         if (r->result && tio_grow((void **)&e->errs, &e->cap_errs, e->n_errs + 1,
                                   sizeof *e->errs) == 0) {
             e->errs[e->n_errs].tag = r->tag;
@@ -780,6 +944,7 @@ static int run_sync(tio_engine *e, int op, const tio_extent *x, char *buf, uint6
     if (e->done_tail == r)
         e->done_tail = prev;
     pthread_mutex_unlock(&e->done_mu);
+    track_write(e, r);
     rc = r->result;
     if (rc)
         tio_fail(rc, "%s", r->msg);
@@ -795,4 +960,95 @@ int tio_engine_write(tio_engine *engine, const tio_extent *extent, const void *b
 int tio_engine_read(tio_engine *engine, const tio_extent *extent, void *buf, uint64_t bytes)
 {
     return run_sync(engine, TIO_OP_READ, extent, buf, bytes);
+}
+
+/* ---- registered buffers ---------------------------------------------- */
+
+static void lock_dirs(tio_engine *e)
+{
+    for (uint32_t i = 0; i < e->n_dirs; i++)
+        pthread_mutex_lock(&e->dirs[i].mu);
+}
+
+static void unlock_dirs(tio_engine *e)
+{
+    for (uint32_t i = e->n_dirs; i-- > 0;)
+        pthread_mutex_unlock(&e->dirs[i].mu);
+}
+
+/* First slot (absolute) of a free run of n user slots, or TIO_NO_SLOT. */
+static uint32_t find_slots(const tio_engine *e, uint32_t n)
+{
+    uint32_t base = e->n_bounce;
+    for (uint32_t s = base; s + n <= base + TIO_ENGINE_MAX_REGISTERED; s++) {
+        bool clash = false;
+        for (uint32_t i = 0; i < e->n_regions && !clash; i++) {
+            const tio_region *r = &e->regions[i];
+            clash = s < r->slot + r->n_slots && r->slot < s + n;
+        }
+        if (!clash)
+            return s;
+    }
+    return TIO_NO_SLOT;
+}
+
+int tio_engine_register_buffer(tio_engine *e, void *addr, uint64_t bytes)
+{
+    if (!addr || bytes == 0)
+        return tio_fail(-EINVAL, "engine: register_buffer needs an address and bytes > 0");
+    if (!e->fixed_bufs)
+        return 0;
+    char *a = addr;
+    for (uint32_t i = 0; i < e->n_regions; i++) {
+        const tio_region *r = &e->regions[i];
+        if (a < r->addr + r->bytes && r->addr < a + bytes)
+            return tio_fail(-EINVAL, "engine: buffer %p (%llu bytes) overlaps a registered one",
+                            addr, (unsigned long long)bytes);
+    }
+    uint64_t n64 = (bytes + TIO_REG_SLOT_BYTES - 1) / TIO_REG_SLOT_BYTES;
+    uint32_t slot = n64 <= TIO_ENGINE_MAX_REGISTERED ? find_slots(e, (uint32_t)n64) : TIO_NO_SLOT;
+    if (slot == TIO_NO_SLOT || e->n_regions == TIO_ENGINE_MAX_REGISTERED)
+        return tio_fail(-ENOSPC, "engine: no room to register %llu more bytes (%u slots of "
+                        "1 GiB in all)", (unsigned long long)bytes, TIO_ENGINE_MAX_REGISTERED);
+    uint32_t n = (uint32_t)n64;
+    struct iovec iov[TIO_ENGINE_MAX_REGISTERED];
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t off = (uint64_t)i * TIO_REG_SLOT_BYTES;
+        iov[i].iov_base = a + off;
+        iov[i].iov_len = bytes - off < TIO_REG_SLOT_BYTES ? bytes - off : TIO_REG_SLOT_BYTES;
+    }
+    int rc = tio_uring_update_slots(e, slot, iov, n);
+    if (rc == -ENOMEM) {
+        char msg[400];
+        tio_memlock_message(msg, sizeof msg, bytes);
+        return tio_fail(-ENOMEM, "engine: register_buffer: %s", msg);
+    }
+    if (rc)
+        return tio_fail(rc, "engine: register_buffer of %llu bytes: io_uring_register: %s",
+                        (unsigned long long)bytes, tio_strerror(rc));
+    lock_dirs(e);
+    e->regions[e->n_regions++] = (tio_region){.addr = a, .bytes = bytes, .slot = slot,
+                                              .n_slots = n};
+    unlock_dirs(e);
+    return 0;
+}
+
+int tio_engine_unregister_buffer(tio_engine *e, void *addr)
+{
+    if (!e->fixed_bufs)
+        return 0;
+    for (uint32_t i = 0; i < e->n_regions; i++) {
+        if (e->regions[i].addr != (char *)addr)
+            continue;
+        tio_region r = e->regions[i];
+        lock_dirs(e);
+        e->regions[i] = e->regions[--e->n_regions];
+        unlock_dirs(e);
+        int rc = tio_uring_update_slots(e, r.slot, NULL, r.n_slots);
+        if (rc)
+            return tio_fail(rc, "engine: unregister_buffer: io_uring_register: %s",
+                            tio_strerror(rc));
+        return 0;
+    }
+    return tio_fail(-EINVAL, "engine: buffer %p is not registered", addr);
 }

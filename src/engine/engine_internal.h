@@ -6,15 +6,18 @@
  * A user request becomes one tio_req holding an array of chunks.  A chunk is
  * the unit of disk I/O: at most request_bytes, never crossing a stripe unit,
  * so it maps to one contiguous range of one directory's backing file.  Each
- * directory owns a pending queue of chunks in two priority classes (urgent
- * first) that its backend drains: the io_uring backend keeps up to
- * queue_depth chunks in its ring, the psync backend hands them to its worker
- * threads.  When a request's last chunk finishes, the request moves to the
- * engine's completed list, where tio_engine_reap (or a synchronous helper)
- * picks it up.
+ * directory owns four pending queues (urgent/normal x read/write) that its
+ * backend drains, urgent first, normal reads and writes alternating: the
+ * io_uring backend keeps up to queue_depth chunks in its ring, the psync
+ * backend hands them to its worker threads.  Each directory also owns a slab
+ * of bounce buffers (one allocation, registered with its ring when fixed
+ * buffers are on), handed out from a free stack: no allocation per chunk.
+ * When a request's last chunk finishes, the request moves to the engine's
+ * completed list, where tio_engine_reap (or a synchronous helper) picks it
+ * up.
  *
- * Locks, always taken in this order: tio_dir.mu, then tio_engine.pool_mu or
- * tio_engine.done_mu (never both of the last two at once).
+ * Locks: tio_dir.mu, then tio_engine.done_mu, never the other way round;
+ * registering a buffer takes every tio_dir.mu in directory order.
  */
 #ifndef TERAIO_ENGINE_INTERNAL_H
 #define TERAIO_ENGINE_INTERNAL_H
@@ -28,7 +31,18 @@ enum { TIO_OP_READ = 0, TIO_OP_WRITE = 1 };
 enum { TIO_CLASS_URGENT = 0, TIO_CLASS_NORMAL = 1, TIO_N_CLASSES = 2 };
 
 /* Fault injection (TIO_ENGINE_FAULT): what happens to the chosen chunk. */
-enum { TIO_FAULT_NONE = 0, TIO_FAULT_EIO, TIO_FAULT_ENOSPC, TIO_FAULT_SHORT };
+enum { TIO_FAULT_NONE = 0, TIO_FAULT_EIO, TIO_FAULT_ENOSPC, TIO_FAULT_SHORT, TIO_FAULT_DELAY };
+
+/* Probe refusals forced by TIO_ENGINE_PROBE_FAIL (bit mask). */
+enum { TIO_PROBE_FAIL_ODIRECT = 1, TIO_PROBE_FAIL_URING = 2, TIO_PROBE_FAIL_MEMLOCK = 4 };
+
+/* Extent states kept by the allocator for checksums. */
+enum { TIO_XS_EMPTY = 0, TIO_XS_WRITING, TIO_XS_VALID, TIO_XS_FAILED };
+
+/* Slots of a ring's registered-buffer table: the directory's bounce buffers
+ * first, then TIO_ENGINE_MAX_REGISTERED slots for the caller's regions. */
+#define TIO_NO_SLOT UINT32_MAX
+#define TIO_REG_SLOT_BYTES (1ull << 30)
 
 /* Give up on a chunk after this many retries (EINTR/EAGAIN/short) in a row. */
 #define TIO_CHUNK_MAX_RETRIES 1000u
@@ -44,6 +58,7 @@ typedef struct tio_chunk {
     uint8_t op;             /* TIO_OP_READ / TIO_OP_WRITE */
     uint8_t cls;            /* TIO_CLASS_* */
     uint8_t fault;          /* TIO_FAULT_*, consumed by the first attempt */
+    uint32_t bounce_slot;   /* index of `bounce` in its directory's slab */
     uint64_t file_off;      /* where the chunk starts in the backing file */
     uint32_t io_len;        /* bytes moved on disk (user_len rounded up to 4 KiB
                                when a bounce buffer is used) */
@@ -62,6 +77,13 @@ struct tio_req {
     int result;             /* 0 or the first chunk failure (-errno) */
     bool sync;              /* owned by tio_engine_read/write, not reaped */
     bool finished;
+    uint8_t op;
+    bool verify;            /* checksum on: compare crc after the last chunk */
+    bool track;             /* checksum on: update the extent's state at reap */
+    uint32_t crc;           /* write: CRC32C of the data; read: the expected one */
+    char *buf;
+    uint64_t bytes;
+    tio_extent extent;
     uint32_t n_chunks;
     uint32_t chunks_left;
     char msg[384];          /* message for a failed result */
@@ -82,23 +104,46 @@ struct tio_dir {
 
     pthread_mutex_t mu;     /* guards everything below */
     pthread_cond_t cv;      /* psync workers wait here for chunks */
-    tio_chunk *head[TIO_N_CLASSES], *tail[TIO_N_CLASSES];
+    tio_chunk *head[TIO_N_CLASSES][2], *tail[TIO_N_CLASSES][2]; /* [class][op] */
+    uint8_t next_op;        /* normal class: the op to try first next time */
     uint32_t inflight;      /* chunks in the io_uring ring */
     bool stop;
+
+    char *slab;             /* n_bounce bounce buffers of engine->bounce_bytes */
+    uint32_t n_bounce;
+    uint32_t *bounce_free;  /* stack of free slab indices */
+    uint32_t n_bounce_free;
 
     struct tio_uring *uring;      /* io_uring backend state */
     pthread_t *workers;           /* psync backend threads */
     uint32_t n_workers;
 };
 
+/* An allocated extent and, for checksums, what was last written to it. */
+typedef struct {
+    tio_extent x;
+    uint64_t crc_bytes;     /* length the crc covers */
+    uint32_t crc;
+    uint8_t state;          /* TIO_XS_* */
+} tio_used_extent;
+
 /* Sorted free list and sorted list of allocated extents over [0, capacity). */
 typedef struct {
     uint64_t capacity;
     tio_extent *free;
     uint32_t n_free, cap_free;
-    tio_extent *used;
+    tio_used_extent *used;
     uint32_t n_used, cap_used;
 } tio_extent_map;
+
+/* A caller's buffer registered with the rings, in slots of at most
+ * TIO_REG_SLOT_BYTES starting at `slot` (absolute index in the table). */
+typedef struct {
+    char *addr;
+    uint64_t bytes;
+    uint32_t slot;
+    uint32_t n_slots;
+} tio_region;
 
 struct tio_engine {
     tio_engine_options opt;
@@ -108,16 +153,21 @@ struct tio_engine {
     uint32_t n_dirs;
     tio_extent_map map;
     uint32_t bounce_bytes;  /* size of each bounce buffer */
+    uint32_t n_bounce;      /* bounce buffers per directory */
 
     /* Fault injection, parsed from TIO_ENGINE_FAULT at create. */
     uint8_t fault_kind;
     uint8_t fault_op;
     uint64_t fault_nth;
+    uint32_t fault_delay_ms;
     uint64_t chunk_count[2]; /* chunks created per op (caller thread only) */
+    uint32_t probe_fail;     /* TIO_PROBE_FAIL_* from TIO_ENGINE_PROBE_FAIL */
 
-    pthread_mutex_t pool_mu; /* bounce buffer pool */
-    void **pool;
-    uint32_t n_pool, cap_pool;
+    /* io_uring registration.  `regions` is written by the caller's thread
+     * with every directory's mutex held and read under any one of them. */
+    bool fixed_bufs, fixed_files;
+    tio_region regions[TIO_ENGINE_MAX_REGISTERED];
+    uint32_t n_regions;
 
     pthread_mutex_t done_mu;
     pthread_cond_t done_cv;
@@ -135,26 +185,49 @@ int tio_extent_map_init(tio_extent_map *map, uint64_t capacity);
 void tio_extent_map_fini(tio_extent_map *map);
 int tio_extent_map_alloc(tio_extent_map *map, uint64_t bytes, tio_extent *out);
 int tio_extent_map_free(tio_extent_map *map, const tio_extent *extent);
+/* The allocated extent exactly equal to `extent`, or NULL. */
+tio_used_extent *tio_extent_map_find(tio_extent_map *map, const tio_extent *extent);
+void tio_extent_map_stats(const tio_extent_map *map, tio_engine_space *out);
+
+/* crc32c.c: CRC32C of n bytes continuing from `crc` (0 to start);
+ * hardware where the CPU has it.  _sw always uses the table (for tests). */
+uint32_t tio_crc32c(uint32_t crc, const void *data, size_t n);
+uint32_t tio_crc32c_sw(uint32_t crc, const void *data, size_t n);
 
 /* engine.c, used by the backends */
-/* Attach the I/O pointer (bounce buffer, filled for writes) if not done yet.
- * Returns 0 or -ENOMEM. */
+/* Attach the I/O pointer (a bounce buffer from the chunk's directory, filled
+ * for writes) if not done yet; dir->mu held.  Returns 0, or -EAGAIN when
+ * every bounce buffer of the directory is taken (one comes back with the
+ * next finished chunk). */
 int tio_chunk_prepare(tio_engine *engine, tio_chunk *chunk);
 /* Outcome of one transfer attempt that moved `res` bytes (or -errno). */
 enum { TIO_CHUNK_DONE = 0, TIO_CHUNK_RETRY = 1, TIO_CHUNK_FAILED = 2 };
 int tio_chunk_account(tio_chunk *chunk, int64_t res, int *err);
 /* Finish a chunk with 0 or -errno: copy out reads, release the bounce buffer,
- * and complete the request when it was the last chunk.  Takes done_mu. */
+ * and complete the request when it was the last chunk (verifying a read's
+ * checksum).  Takes dir->mu (bounce chunks) and done_mu: call it with
+ * neither held. */
 void tio_chunk_finish(tio_engine *engine, tio_chunk *chunk, int err);
-/* Pop the next pending chunk of `dir` (urgent first); dir->mu held. */
+/* Pop the next pending chunk of `dir` (urgent first, then normal reads and
+ * writes in turn); dir->mu held. */
 tio_chunk *tio_dir_pop(tio_dir *dir);
-/* Push a chunk back to the front of the urgent class; dir->mu held. */
+/* Push a chunk back to the front of its op's urgent queue; dir->mu held. */
 void tio_dir_push_front(tio_dir *dir, tio_chunk *chunk);
 
-/* backend_uring.c: probe and start one ring + completion thread per dir.
- * On failure returns -errno with `why` describing it; nothing is left
- * started. */
+/* backend_uring.c: probe and start one ring + completion thread per dir,
+ * registering the backing file and the bounce slab (a refused registration
+ * only turns fixed files/buffers off and appends the reason).  On failure
+ * returns -errno with `why` describing it; nothing is left started. */
 int tio_uring_start(tio_engine *engine, char *why, size_t why_len);
+/* Register / clear slots [slot, slot + n) of every ring; `iov` NULL clears.
+ * Returns 0 or -errno (the memlock message is the caller's). */
+struct iovec;
+int tio_uring_update_slots(tio_engine *engine, uint32_t slot, const struct iovec *iov,
+                           uint32_t n);
+/* engine.c: append "; "-separated text to the backend reason. */
+void tio_engine_append_reason(tio_engine *engine, const char *text);
+/* engine.c: the RLIMIT_MEMLOCK message for registering `bytes`. */
+void tio_memlock_message(char *out, size_t len, uint64_t bytes);
 /* New chunks are pending on `dir`; dir->mu held. */
 void tio_uring_kick(tio_dir *dir);
 /* All requests finished: stop the threads and close the rings. */

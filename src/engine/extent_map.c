@@ -51,20 +51,36 @@ static uint32_t lower_bound(const tio_extent *a, uint32_t n, uint64_t offset)
     return lo;
 }
 
-static int insert_at(tio_extent **a, uint32_t *n, uint32_t *cap, uint32_t i, tio_extent e)
+static uint32_t lower_bound_used(const tio_used_extent *a, uint32_t n, uint64_t offset)
 {
-    int rc = tio_grow((void **)a, cap, *n + 1, sizeof **a);
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (a[mid].x.offset < offset)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Insert element `e` (of `elem` bytes) at index i of a growable array. */
+static int insert_at(void **a, uint32_t *n, uint32_t *cap, uint32_t i, const void *e, size_t elem)
+{
+    int rc = tio_grow(a, cap, *n + 1, elem);
     if (rc)
         return rc;
-    memmove(*a + i + 1, *a + i, (size_t)(*n - i) * sizeof **a);
-    (*a)[i] = e;
+    char *base = *a;
+    memmove(base + (i + 1) * elem, base + i * elem, (size_t)(*n - i) * elem);
+    memcpy(base + i * elem, e, elem);
     (*n)++;
     return 0;
 }
 
-static void remove_at(tio_extent *a, uint32_t *n, uint32_t i)
+static void remove_at(void *a, uint32_t *n, uint32_t i, size_t elem)
 {
-    memmove(a + i, a + i + 1, (size_t)(*n - i - 1) * sizeof *a);
+    char *base = a;
+    memmove(base + i * elem, base + (i + 1) * elem, (size_t)(*n - i - 1) * elem);
     (*n)--;
 }
 
@@ -79,18 +95,18 @@ int tio_extent_map_alloc(tio_extent_map *map, uint64_t bytes, tio_extent *out)
         tio_extent *f = &map->free[i];
         if (f->bytes < need)
             continue;
-        tio_extent e = {.offset = f->offset, .bytes = need};
-        uint32_t at = lower_bound(map->used, map->n_used, e.offset);
-        int rc = insert_at(&map->used, &map->n_used, &map->cap_used, at, e);
+        tio_used_extent u = {.x = {.offset = f->offset, .bytes = need}};
+        uint32_t at = lower_bound_used(map->used, map->n_used, u.x.offset);
+        int rc = insert_at((void **)&map->used, &map->n_used, &map->cap_used, at, &u, sizeof u);
         if (rc)
             return rc;
         if (f->bytes == need) {
-            remove_at(map->free, &map->n_free, i);
+            remove_at(map->free, &map->n_free, i, sizeof *map->free);
         } else {
             f->offset += need;
             f->bytes -= need;
         }
-        *out = e;
+        *out = u.x;
         return 0;
     }
     return tio_fail(-ENOSPC, "engine: no free extent of %llu bytes (capacity %llu bytes)",
@@ -99,28 +115,50 @@ int tio_extent_map_alloc(tio_extent_map *map, uint64_t bytes, tio_extent *out)
 
 int tio_extent_map_free(tio_extent_map *map, const tio_extent *extent)
 {
-    uint32_t u = lower_bound(map->used, map->n_used, extent->offset);
-    if (u == map->n_used || map->used[u].offset != extent->offset ||
-        map->used[u].bytes != extent->bytes)
+    tio_used_extent *ue = tio_extent_map_find(map, extent);
+    if (!ue)
         return tio_fail(-EINVAL, "engine: extent at offset %llu (%llu bytes) is not allocated",
                         (unsigned long long)extent->offset, (unsigned long long)extent->bytes);
-    tio_extent e = map->used[u];
+    uint32_t u = (uint32_t)(ue - map->used);
+    tio_extent e = ue->x;
     uint32_t i = lower_bound(map->free, map->n_free, e.offset);
     bool join_prev = i > 0 && map->free[i - 1].offset + map->free[i - 1].bytes == e.offset;
     bool join_next = i < map->n_free && e.offset + e.bytes == map->free[i].offset;
     if (join_prev && join_next) {
         map->free[i - 1].bytes += e.bytes + map->free[i].bytes;
-        remove_at(map->free, &map->n_free, i);
+        remove_at(map->free, &map->n_free, i, sizeof *map->free);
     } else if (join_prev) {
         map->free[i - 1].bytes += e.bytes;
     } else if (join_next) {
         map->free[i].offset = e.offset;
         map->free[i].bytes += e.bytes;
     } else {
-        int rc = insert_at(&map->free, &map->n_free, &map->cap_free, i, e);
+        int rc = insert_at((void **)&map->free, &map->n_free, &map->cap_free, i, &e, sizeof e);
         if (rc)
             return rc;
     }
-    remove_at(map->used, &map->n_used, u);
+    remove_at(map->used, &map->n_used, u, sizeof *map->used);
     return 0;
+}
+
+tio_used_extent *tio_extent_map_find(tio_extent_map *map, const tio_extent *extent)
+{
+    uint32_t u = lower_bound_used(map->used, map->n_used, extent->offset);
+    if (u == map->n_used || map->used[u].x.offset != extent->offset ||
+        map->used[u].x.bytes != extent->bytes)
+        return NULL;
+    return &map->used[u];
+}
+
+void tio_extent_map_stats(const tio_extent_map *map, tio_engine_space *out)
+{
+    memset(out, 0, sizeof *out);
+    out->capacity_bytes = map->capacity;
+    out->free_extents = map->n_free;
+    out->used_extents = map->n_used;
+    for (uint32_t i = 0; i < map->n_free; i++) {
+        out->free_bytes += map->free[i].bytes;
+        if (map->free[i].bytes > out->largest_free_bytes)
+            out->largest_free_bytes = map->free[i].bytes;
+    }
 }

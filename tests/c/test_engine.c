@@ -6,7 +6,9 @@
  * request boundaries), the exact placement of bytes in the backing files
  * given by the striping formula, exact extent offsets from the allocator,
  * exact error codes and messages.  Data-path tests run once per backend
- * (io_uring, psync).  Faults are injected through TIO_ENGINE_FAULT.
+ * (io_uring, psync).  Faults are injected through TIO_ENGINE_FAULT, probe
+ * refusals through TIO_ENGINE_PROBE_FAIL, corruption by writing into a
+ * backing file behind the engine's back.
  * Temporary directories live under $TIO_TEST_TMPDIR (default /tmp).
  */
 #include <stdarg.h>
@@ -24,6 +26,9 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include <time.h>
+
+#include "engine/engine_internal.h"
 #include "teraio/engine.h"
 
 #define KIB 1024u
@@ -501,7 +506,8 @@ static void test_bad_fault_spec(void **state)
     setenv("TIO_ENGINE_FAULT", "melt:write:1", 1);
     assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), -EINVAL);
     assert_string_equal(tio_last_error(), "TIO_ENGINE_FAULT='melt:write:1': expected "
-                        "<eio|enospc|short>:<read|write>:<N> with N >= 1");
+                        "<eio|enospc|short|delay>:<read|write>:<N> with N >= 1 (delay: "
+                        "optionally :<MS> up to 60000)");
     unsetenv("TIO_ENGINE_FAULT");
     assert_null(e);
 }
@@ -687,6 +693,475 @@ static void test_forced_psync_fallback(void **state)
     unsetenv("TIO_ENGINE_BACKEND");
 }
 
+
+/* ---- every fault kind, with the rest of the space checked ------------- */
+
+/* Six extents of assorted sizes laid out from offset 0 over two directories
+ * with 64 KiB stripes and 64 KiB requests, so extent i's chunks are the
+ * 64 KiB units it touches. */
+enum { FM_N = 6, FM_VICTIM = 3 };
+static const uint64_t fm_sizes[FM_N] = {100 * KIB + 3, 64 * KIB, 200 * KIB, 192 * KIB + 1,
+                                        4 * KIB, 300 * KIB};
+
+static uint64_t units_touched(const tio_extent *x, uint64_t bytes)
+{
+    uint64_t u = 64 * KIB;
+    return (x->offset + bytes + u - 1) / u - x->offset / u;
+}
+
+static void fm_write_all(tio_engine *e, tio_extent *x, buf_t *src, int *result)
+{
+    for (int i = 0; i < FM_N; i++) {
+        assert_int_equal(tio_engine_submit_write(e, &x[i], src[i].p, fm_sizes[i], (uint64_t)i,
+                                                 false), 0);
+        tio_completion c;
+        assert_int_equal(tio_engine_reap(e, &c, 1, 1), 1);
+        assert_int_equal(c.tag, (uint64_t)i);
+        result[i] = c.result;
+    }
+}
+
+static void fm_read_all(tio_engine *e, tio_extent *x, buf_t *dst, int *result)
+{
+    for (int i = 0; i < FM_N; i++) {
+        memset(dst[i].p, 0x55, fm_sizes[i]);
+        assert_int_equal(tio_engine_submit_read(e, &x[i], dst[i].p, fm_sizes[i], (uint64_t)i,
+                                                false), 0);
+        tio_completion c;
+        assert_int_equal(tio_engine_reap(e, &c, 1, 1), 1);
+        assert_int_equal(c.tag, (uint64_t)i);
+        result[i] = c.result;
+    }
+}
+
+/* For each kind and direction: the fault hits the 3rd chunk of extent 3;
+ * that request alone gets the expected result, every other extent reads
+ * back exactly as written, and afterwards the engine serves extent 3 too. */
+static void test_fault_matrix(void **state)
+{
+    tio_backend backend = *(tio_backend *)*state;
+    static const char *const kinds[] = {"eio", "enospc", "short", "delay"};
+    static const int expect[] = {-EIO, -ENOSPC, 0, 0};
+    for (int k = 0; k < 4; k++) {
+        for (int op = 0; op < 2; op++) {
+            tio_extent probe[FM_N];
+            uint64_t before = 0, off = 0;
+            for (int i = 0; i < FM_N; i++) {
+                probe[i] = (tio_extent){.offset = off, .bytes = (fm_sizes[i] + 4095) / 4096 * 4096};
+                off += probe[i].bytes;
+                if (i < FM_VICTIM)
+                    before += units_touched(&probe[i], fm_sizes[i]);
+            }
+            assert_true(units_touched(&probe[FM_VICTIM], fm_sizes[FM_VICTIM]) >= 3);
+            char spec[64];
+            snprintf(spec, sizeof spec, "%s:%s:%llu%s", kinds[k], op ? "read" : "write",
+                     (unsigned long long)before + 3, k == 3 ? ":30" : "");
+            setenv("TIO_ENGINE_FAULT", spec, 1);
+            tio_engine *e = make_engine(backend, 2, 2 * MIB, 64 * KIB, 64 * KIB, 0);
+            unsetenv("TIO_ENGINE_FAULT");
+            tio_extent x[FM_N];
+            buf_t src[FM_N], dst[FM_N];
+            for (int i = 0; i < FM_N; i++) {
+                assert_int_equal(tio_engine_alloc(e, fm_sizes[i], &x[i]), 0);
+                assert_int_equal(x[i].offset, probe[i].offset);
+                src[i] = buf_new(fm_sizes[i], i % 2);
+                dst[i] = buf_new(fm_sizes[i], (i + 1) % 2);
+                fill(src[i].p, fm_sizes[i], (uint32_t)(100 * k + 10 * op + i + 1));
+            }
+            int wres[FM_N], rres[FM_N];
+            uint64_t t0 = tio_now_ns();
+            fm_write_all(e, x, src, wres);
+            fm_read_all(e, x, dst, rres);
+            uint64_t elapsed_ms = (tio_now_ns() - t0) / 1000000u;
+            for (int i = 0; i < FM_N; i++) {
+                int want_w = op == 0 && i == FM_VICTIM ? expect[k] : 0;
+                int want_r = op == 1 && i == FM_VICTIM ? expect[k] : 0;
+                if (wres[i] != want_w || rres[i] != want_r)
+                    fail_msg("%s, extent %d: write %d (want %d), read %d (want %d)", spec, i,
+                             wres[i], want_w, rres[i], want_r);
+                bool undefined = i == FM_VICTIM && expect[k] != 0; /* failed write or read */
+                if (!undefined)
+                    assert_memory_equal(dst[i].p, src[i].p, fm_sizes[i]);
+                check_guards(dst[i], fm_sizes[i]);
+            }
+            if (k == 3)
+                assert_true(elapsed_ms >= 30);
+            /* It keeps serving: the victim again, then everything once more. */
+            assert_int_equal(tio_engine_write(e, &x[FM_VICTIM], src[FM_VICTIM].p,
+                                              fm_sizes[FM_VICTIM]), 0);
+            fm_read_all(e, x, dst, rres);
+            for (int i = 0; i < FM_N; i++) {
+                assert_int_equal(rres[i], 0);
+                assert_memory_equal(dst[i].p, src[i].p, fm_sizes[i]);
+                free(src[i].base);
+                free(dst[i].base);
+            }
+            tio_engine_destroy(e);
+        }
+    }
+}
+
+/* An injected delay holds back one chunk only: a request submitted after
+ * the delayed one completes first. */
+static void test_delay_lets_others_pass(void **state)
+{
+    tio_backend backend = *(tio_backend *)*state;
+    setenv("TIO_ENGINE_FAULT", "delay:write:1:300", 1);
+    tio_engine *e = make_engine(backend, 1, 4 * MIB, 0, 0, 0);
+    unsetenv("TIO_ENGINE_FAULT");
+    tio_extent a, b;
+    assert_int_equal(tio_engine_alloc(e, 8192, &a), 0);
+    assert_int_equal(tio_engine_alloc(e, 8192, &b), 0);
+    buf_t src = buf_new(8192, 0), dst = buf_new(8192, 0);
+    fill(src.p, 8192, 31);
+    uint64_t t0 = tio_now_ns();
+    assert_int_equal(tio_engine_submit_write(e, &a, src.p, 8192, 1, false), 0);
+    assert_int_equal(tio_engine_submit_write(e, &b, src.p, 8192, 2, false), 0);
+    tio_completion c[2];
+    assert_int_equal(tio_engine_reap(e, &c[0], 1, 1), 1);
+    assert_int_equal(tio_engine_reap(e, &c[1], 1, 1), 1);
+    assert_true(tio_now_ns() - t0 >= 300000000u);
+    assert_int_equal(c[0].tag, 2);
+    assert_int_equal(c[1].tag, 1);
+    assert_int_equal(c[0].result, 0);
+    assert_int_equal(c[1].result, 0);
+    assert_int_equal(tio_engine_read(e, &a, dst.p, 8192), 0);
+    assert_memory_equal(dst.p, src.p, 8192);
+    free(src.base);
+    free(dst.base);
+    tio_engine_destroy(e);
+}
+
+/* Queue depth 1, four writes and four reads queued while a held-back write
+ * (an injected delay) blocks the only slot: the backend alternates the
+ * normal read and write queues, each in its own order.  Which kind goes
+ * first depends on whether the worker took the first write before the rest
+ * were queued; the alternation does not. */
+static void test_read_write_queues_alternate(void **state)
+{
+    tio_backend backend = *(tio_backend *)*state;
+    setenv("TIO_ENGINE_FAULT", "delay:write:5:200", 1);
+    tio_engine *e = make_engine(backend, 1, 4 * MIB, 0, 0, 1);
+    unsetenv("TIO_ENGINE_FAULT");
+    tio_extent x[8];
+    buf_t b = buf_new(8 * 4096, 0);
+    fill(b.p, 8 * 4096, 3);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(tio_engine_alloc(e, 4096, &x[i]), 0);
+    for (int i = 4; i < 8; i++)
+        assert_int_equal(tio_engine_write(e, &x[i], b.p + i * 4096, 4096), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tio_engine_submit_write(e, &x[i], b.p + i * 4096, 4096,
+                                                 (uint64_t)(10 + i), false), 0);
+    buf_t r = buf_new(4 * 4096, 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tio_engine_submit_read(e, &x[4 + i], r.p + i * 4096, 4096,
+                                                (uint64_t)(20 + i), false), 0);
+    uint64_t next[2] = {10, 20}, prev_kind = 2;
+    for (int k = 0; k < 8; k++) {
+        tio_completion c;
+        assert_int_equal(tio_engine_reap(e, &c, 1, 1), 1);
+        assert_int_equal(c.result, 0);
+        uint64_t kind = c.tag >= 20;
+        assert_int_equal(c.tag, next[kind]);
+        assert_int_not_equal(kind, prev_kind);
+        next[kind]++;
+        prev_kind = kind;
+    }
+    assert_memory_equal(r.p, b.p + 4 * 4096, 4 * 4096);
+    free(b.base);
+    free(r.base);
+    tio_engine_destroy(e);
+}
+
+/* ---- registered buffers ---------------------------------------------- */
+
+static void test_registered_buffers(void **state)
+{
+    tio_backend backend = *(tio_backend *)*state;
+    tio_engine *e = make_engine(backend, 2, 16 * MIB, 0, 0, 0);
+    assert_int_equal(tio_engine_fixed_buffers(e), backend == TIO_BACKEND_IO_URING);
+    assert_int_equal(tio_engine_fixed_files(e), backend == TIO_BACKEND_IO_URING);
+    const uint64_t n = 5 * MIB;
+    buf_t reg = buf_new(n, 0), plain = buf_new(n, 0);
+    assert_int_equal(tio_engine_register_buffer(e, reg.p, n), 0);
+    if (tio_engine_fixed_buffers(e)) {
+        assert_int_equal(tio_engine_register_buffer(e, reg.p + 4096, 4096), -EINVAL);
+        assert_int_equal(tio_engine_unregister_buffer(e, plain.p), -EINVAL);
+    }
+    assert_int_equal(tio_engine_register_buffer(e, NULL, 4096), -EINVAL);
+    fill(reg.p, n, 41);
+    tio_extent x, y;
+    assert_int_equal(tio_engine_alloc(e, n, &x), 0);
+    assert_int_equal(tio_engine_alloc(e, n, &y), 0);
+    /* Whole buffer, a slice at an odd 4 KiB offset, an unaligned tail. */
+    assert_int_equal(tio_engine_write(e, &x, reg.p, n), 0);
+    assert_int_equal(tio_engine_write(e, &y, reg.p + 12288, n - 12288 - 7), 0);
+    assert_int_equal(tio_engine_read(e, &x, plain.p, n), 0);
+    assert_memory_equal(plain.p, reg.p, n);
+    memcpy(plain.p, reg.p, n);
+    assert_int_equal(tio_engine_read(e, &y, reg.p, n - 12288 - 7), 0);
+    assert_memory_equal(reg.p, plain.p + 12288, n - 12288 - 7);
+    assert_int_equal(tio_engine_unregister_buffer(e, reg.p), 0);
+    assert_int_equal(tio_engine_read(e, &x, reg.p, n), 0);
+    assert_memory_equal(reg.p, plain.p, n);
+    free(reg.base);
+    free(plain.base);
+    tio_engine_destroy(e);
+}
+
+/* ---- probe fallbacks, forced ------------------------------------------ */
+
+static tio_engine *create_with_probe_fail(const char *what, tio_backend backend)
+{
+    setenv("TIO_ENGINE_PROBE_FAIL", what, 1);
+    tio_engine *e = NULL;
+    int rc = create_in(g_d0, backend, &e);
+    unsetenv("TIO_ENGINE_PROBE_FAIL");
+    if (rc)
+        print_error("create: %s\n", tio_last_error());
+    assert_int_equal(rc, 0);
+    return e;
+}
+
+static void roundtrip_70000(tio_engine *e)
+{
+    tio_extent x;
+    assert_int_equal(tio_engine_alloc(e, 70000, &x), 0);
+    buf_t src = buf_new(70000, 1), dst = buf_new(70000, 0);
+    fill(src.p, 70000, 12);
+    assert_int_equal(tio_engine_write(e, &x, src.p, 70000), 0);
+    assert_int_equal(tio_engine_read(e, &x, dst.p, 70000), 0);
+    assert_memory_equal(dst.p, src.p, 70000);
+    free(src.base);
+    free(dst.base);
+}
+
+static void test_probe_refusals(void **state)
+{
+    char want[PATH_MAX + 64];
+    /* O_DIRECT refused: buffered I/O, said so, and it works. */
+    tio_engine *e = create_with_probe_fail("odirect", TIO_BACKEND_AUTO);
+    snprintf(want, sizeof want, "buffered I/O: O_DIRECT refused by %s", g_d0);
+    assert_non_null(strstr(tio_engine_backend_reason(e), want));
+    roundtrip_70000(e);
+    tio_engine_destroy(e);
+
+    /* io_uring refused: the thread pool, with the reason. */
+    e = create_with_probe_fail("io_uring", TIO_BACKEND_AUTO);
+    assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
+    assert_string_equal(tio_engine_backend_reason(e), "psync: io_uring_queue_init: Operation not "
+                        "permitted (forced by TIO_ENGINE_PROBE_FAIL)");
+    roundtrip_70000(e);
+    tio_engine_destroy(e);
+    setenv("TIO_ENGINE_PROBE_FAIL", "io_uring", 1);
+    assert_int_equal(create_in(g_d0, TIO_BACKEND_IO_URING, &e), -EPROTONOSUPPORT);
+    unsetenv("TIO_ENGINE_PROBE_FAIL");
+
+    /* Registration over RLIMIT_MEMLOCK: io_uring without fixed buffers, a
+     * message naming the limit and the fix. */
+    e = NULL;
+    if (create_in(g_d0, TIO_BACKEND_IO_URING, &e) == -EPROTONOSUPPORT) {
+        print_message("io_uring refused here, memlock case skipped\n");
+    } else {
+        tio_engine_destroy(e);
+        e = create_with_probe_fail("memlock", TIO_BACKEND_IO_URING);
+        assert_false(tio_engine_fixed_buffers(e));
+        assert_true(tio_engine_fixed_files(e));
+        const char *why = tio_engine_backend_reason(e);
+        assert_non_null(strstr(why, "fixed buffers off: io_uring could not pin"));
+        assert_non_null(strstr(why, "RLIMIT_MEMLOCK is "));
+        assert_non_null(strstr(why, "ulimit -l unlimited"));
+        assert_non_null(strstr(why, "(forced by TIO_ENGINE_PROBE_FAIL)"));
+        buf_t b = buf_new(4096, 0);
+        assert_int_equal(tio_engine_register_buffer(e, b.p, 4096), 0); /* records nothing */
+        roundtrip_70000(e);
+        free(b.base);
+        tio_engine_destroy(e);
+    }
+
+    /* All three at once, and bad values. */
+    e = create_with_probe_fail("odirect,io_uring,memlock", TIO_BACKEND_AUTO);
+    assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
+    roundtrip_70000(e);
+    tio_engine_destroy(e);
+    static const char *const bad[] = {"ssd", "odirect,", "io_uring,,memlock", "ODIRECT"};
+    for (int i = 0; i < 4; i++) {
+        setenv("TIO_ENGINE_PROBE_FAIL", bad[i], 1);
+        assert_int_equal(create_in(g_d0, TIO_BACKEND_AUTO, &e), -EINVAL);
+        assert_non_null(strstr(tio_last_error(), "TIO_ENGINE_PROBE_FAIL="));
+    }
+    unsetenv("TIO_ENGINE_PROBE_FAIL");
+    static const char *const bad_fault[] = {"delay:read:1:", "delay:read:1:x", "eio:read:1:5",
+                                            "delay:read:1:60001", "short:read:2x"};
+    for (int i = 0; i < 5; i++) {
+        setenv("TIO_ENGINE_FAULT", bad_fault[i], 1);
+        assert_int_equal(create_in(g_d0, TIO_BACKEND_AUTO, &e), -EINVAL);
+    }
+    unsetenv("TIO_ENGINE_FAULT");
+}
+
+/* ---- checksums -------------------------------------------------------- */
+
+static void test_crc32c_values(void **state)
+{
+    assert_int_equal(tio_crc32c(0, "123456789", 9), 0xE3069283u);
+    assert_int_equal(tio_crc32c_sw(0, "123456789", 9), 0xE3069283u);
+    assert_int_equal(tio_crc32c(0, "", 0), 0);
+    unsigned char zeros[32] = {0};
+    assert_int_equal(tio_crc32c(0, zeros, 32), 0x8A9136AAu); /* RFC 3720 B.4 */
+    buf_t b = buf_new(100000, 0);
+    fill(b.p, 100000, 9);
+    for (size_t off = 0; off < 9; off++) {
+        size_t n = 100000 - 2 * off;
+        uint32_t hw = tio_crc32c(0, b.p + off, n);
+        assert_int_equal(hw, tio_crc32c_sw(0, b.p + off, n));
+        /* Continuation: crc(a || b) from crc(a). */
+        assert_int_equal(tio_crc32c(tio_crc32c(0, b.p + off, 777), b.p + off + 777, n - 777), hw);
+    }
+    free(b.base);
+}
+
+static tio_engine *make_checked(tio_backend backend)
+{
+    const char *dirs[2] = {g_d0, g_d1};
+    tio_engine_options opt;
+    tio_engine_options_default(&opt);
+    opt.dirs = dirs;
+    opt.n_dirs = 2;
+    opt.capacity_bytes = 8 * MIB;
+    opt.stripe_bytes = 64 * KIB;
+    opt.backend = backend;
+    opt.checksum = true;
+    tio_engine *e = NULL;
+    int rc = tio_engine_create(&opt, &e);
+    if (rc == -EPROTONOSUPPORT)
+        skip();
+    assert_int_equal(rc, 0);
+    return e;
+}
+
+/* A byte flipped in a backing file: the read fails with TIO_ECORRUPT naming
+ * the tag and the extent; the neighbour is unaffected; rewriting heals. */
+static void test_checksum_detects_corruption(void **state)
+{
+    tio_backend backend = *(tio_backend *)*state;
+    tio_engine *e = make_checked(backend);
+    const uint64_t n = 200 * KIB + 11;
+    tio_extent pad, x, y;
+    assert_int_equal(tio_engine_alloc(e, 4096, &pad), 0);
+    assert_int_equal(tio_engine_alloc(e, n, &x), 0);
+    assert_int_equal(tio_engine_alloc(e, n, &y), 0);
+    buf_t src = buf_new(n, 1), dst = buf_new(n, 0);
+    fill(src.p, n, 77);
+    assert_int_equal(tio_engine_write(e, &x, src.p, n), 0);
+    assert_int_equal(tio_engine_write(e, &y, src.p, n), 0);
+    assert_int_equal(tio_engine_read(e, &x, dst.p, n), 0);
+    assert_memory_equal(dst.p, src.p, n);
+
+    /* Logical byte x.offset + 70000 is in stripe unit 1 (dir 1), file offset
+     * (70000 + 4096) - 65536. */
+    uint64_t o = x.offset + 70000;
+    assert_int_equal((o / (64 * KIB)) % 2, 1);
+    int fd = open(tio_engine_backing_path(e, 1), O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char flipped = (unsigned char)(src.p[70000] ^ 0x20);
+    assert_int_equal(pwrite(fd, &flipped, 1, (off_t)(o - 64 * KIB)), 1);
+    fsync(fd);
+    close(fd);
+
+    assert_int_equal(tio_engine_submit_read(e, &x, dst.p, n, 1234, false), 0);
+    tio_completion c;
+    assert_int_equal(tio_engine_reap(e, &c, 1, 1), 1);
+    assert_int_equal(c.tag, 1234);
+    assert_int_equal(c.result, TIO_ECORRUPT);
+    assert_int_equal(dst.p[70000], flipped);
+    char want[256];
+    snprintf(want, sizeof want, "read of tag 1234: extent at offset %llu (%llu bytes): CRC32C "
+             "mismatch (written 0x%08x, read 0x%08x)", (unsigned long long)x.offset,
+             (unsigned long long)x.bytes, tio_crc32c(0, src.p, n), tio_crc32c(0, dst.p, n));
+    assert_string_equal(tio_engine_completion_error(e, 1234), want);
+    assert_string_equal(tio_last_error(), want);
+    assert_int_equal(tio_engine_read(e, &x, dst.p, n), TIO_ECORRUPT);
+    /* A shorter read is not checked; the neighbour is intact. */
+    assert_int_equal(tio_engine_read(e, &x, dst.p, 4096), 0);
+    assert_int_equal(tio_engine_read(e, &y, dst.p, n), 0);
+    assert_memory_equal(dst.p, src.p, n);
+    /* Rewriting the extent heals it. */
+    assert_int_equal(tio_engine_write(e, &x, src.p, n), 0);
+    assert_int_equal(tio_engine_read(e, &x, dst.p, n), 0);
+    assert_memory_equal(dst.p, src.p, n);
+    /* With checksums on, requests must name an allocated extent. */
+    tio_extent part = {.offset = x.offset, .bytes = 4096};
+    assert_int_equal(tio_engine_submit_read(e, &part, dst.p, 4096, 1, false), -EINVAL);
+    free(src.base);
+    free(dst.base);
+    tio_engine_destroy(e);
+}
+
+/* A write that failed leaves no data that passes for stored: reading the
+ * extent is TIO_ECORRUPT until a write succeeds. */
+static void test_checksum_failed_write(void **state)
+{
+    tio_backend backend = *(tio_backend *)*state;
+    setenv("TIO_ENGINE_FAULT", "eio:write:2", 1);
+    tio_engine *e = make_checked(backend);
+    unsetenv("TIO_ENGINE_FAULT");
+    const uint64_t n = 128 * KIB;
+    tio_extent x;
+    assert_int_equal(tio_engine_alloc(e, n, &x), 0);
+    buf_t src = buf_new(n, 0), dst = buf_new(n, 0);
+    fill(src.p, n, 5);
+    assert_int_equal(tio_engine_write(e, &x, src.p, n), -EIO);
+    assert_int_equal(tio_engine_submit_read(e, &x, dst.p, n, 9, false), TIO_ECORRUPT);
+    char want[160];
+    snprintf(want, sizeof want, "read of tag 9: extent at offset %llu (%llu bytes): its last "
+             "write failed, it holds no valid data", (unsigned long long)x.offset,
+             (unsigned long long)x.bytes);
+    assert_string_equal(tio_last_error(), want);
+    assert_int_equal(tio_engine_write(e, &x, src.p, n), 0);
+    assert_int_equal(tio_engine_read(e, &x, dst.p, n), 0);
+    assert_memory_equal(dst.p, src.p, n);
+    free(src.base);
+    free(dst.base);
+    tio_engine_destroy(e);
+}
+
+/* ---- space accounting ------------------------------------------------- */
+
+static void test_space_stats(void **state)
+{
+    tio_engine *e = make_engine(TIO_BACKEND_PSYNC, 2, MIB, 0, 0, 0);
+    tio_engine_space sp;
+    tio_engine_space_stats(e, &sp);
+    assert_int_equal(sp.capacity_bytes, MIB);
+    assert_int_equal(sp.free_bytes, MIB);
+    assert_int_equal(sp.largest_free_bytes, MIB);
+    assert_int_equal(sp.free_extents, 1);
+    assert_int_equal(sp.used_extents, 0);
+    tio_extent x[8];
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(tio_engine_alloc(e, 100 * KIB, &x[i]), 0); /* 25 pages each */
+    for (int i = 0; i < 8; i += 2)
+        assert_int_equal(tio_engine_free(e, &x[i]), 0);
+    tio_engine_space_stats(e, &sp);
+    /* Free: four 100 KiB holes plus the 224 KiB tail. */
+    assert_int_equal(sp.free_bytes, 4 * 100 * KIB + (MIB - 800 * KIB));
+    assert_int_equal(sp.largest_free_bytes, MIB - 800 * KIB);
+    assert_int_equal(sp.free_extents, 5);
+    assert_int_equal(sp.used_extents, 4);
+    tio_extent big;
+    assert_int_equal(tio_engine_alloc(e, 300 * KIB, &big), -ENOSPC); /* fragmented */
+    assert_int_equal(tio_engine_free(e, &x[7]), 0);
+    tio_engine_space_stats(e, &sp);
+    assert_int_equal(sp.largest_free_bytes, MIB - 600 * KIB); /* x[6], x[7], tail merged */
+    assert_int_equal(sp.free_extents, 4);
+    assert_int_equal(sp.used_extents, 3);
+    assert_int_equal(tio_engine_alloc(e, 300 * KIB, &big), 0);
+    assert_int_equal(big.offset, 600 * KIB);
+    tio_engine_destroy(e);
+}
+
 #define BOTH(f) cmocka_unit_test_prestate(f, &g_uring), cmocka_unit_test_prestate(f, &g_psync)
 
 int main(void)
@@ -702,6 +1177,15 @@ int main(void)
         BOTH(test_injected_eio_write),
         BOTH(test_injected_read_and_enospc),
         BOTH(test_injected_short),
+        BOTH(test_fault_matrix),
+        BOTH(test_delay_lets_others_pass),
+        BOTH(test_read_write_queues_alternate),
+        BOTH(test_registered_buffers),
+        BOTH(test_checksum_detects_corruption),
+        BOTH(test_checksum_failed_write),
+        cmocka_unit_test(test_probe_refusals),
+        cmocka_unit_test(test_crc32c_values),
+        cmocka_unit_test(test_space_stats),
         cmocka_unit_test(test_bad_fault_spec),
         cmocka_unit_test(test_alloc_first_fit_and_enospc),
         cmocka_unit_test(test_request_checks),

@@ -170,5 +170,18 @@ expect_one_line_error "check: missing plan" "$teraio" check "$work/plan.tio" "$w
 expect_one_line_error "check: one argument" "$teraio" check "$work/plan.tio"
 expect_status "check: a matching plan passes" 0 "$teraio" check "$work/plan.tio" "$work/good.plan"
 
+# --- teraio bench io ---------------------------------------------------------
+: >"$work/a-file"
+expect_one_line_error "bench io: nonexistent --dir" "$teraio" bench io --dir "$work/no-such-dir" --size 4MiB --runs 1
+expect_one_line_error "bench io: --dir is a file" "$teraio" bench io --dir "$work/a-file" --size 4MiB --runs 1
+expect_one_line_error "bench io: bad --size" "$teraio" bench io --dir "$work" --size lots
+expect_one_line_error "bench io: --size 0" "$teraio" bench io --dir "$work" --size 0
+expect_one_line_error "bench io: --size below --bs" "$teraio" bench io --dir "$work" --size 4KiB
+expect_one_line_error "bench io: --bs not a multiple of 4096" "$teraio" bench io --dir "$work" --bs 1000
+expect_one_line_error "bench io: --qd 0" "$teraio" bench io --dir "$work" --qd 0
+expect_one_line_error "bench io: unknown option" "$teraio" bench io --dir "$work" --fast
+expect_one_line_error "bench: no benchmark named" "$teraio" bench disk
+expect_status "bench io --help" 0 "$teraio" bench io --help
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
