@@ -46,6 +46,21 @@ typedef struct {
     /* Release `tensor`'s memory: its bytes are safely stored elsewhere.
      * Return 0 or -errno. */
     int (*release)(void *ctx, uint32_t tensor);
+    /* Optional staging, for memory the engine cannot address (device memory
+     * without GPUDirect Storage).  All three NULL: the engine reads and
+     * writes the tensor's own address.  All three set: every transfer goes
+     * through a host buffer the adapter owns (pinned memory, as DESIGN.md's
+     * staging path):
+     *   stage_out: copy the tensor's current bytes into a host buffer of
+     *              `bytes` bytes and store its address in *host_addr;
+     *   stage_in:  provide a host buffer of `bytes` bytes to read into;
+     *   unstage:   the transfer using the buffer is over; if `copy_in`, copy
+     *              the buffer into the tensor's memory first; then free it.
+     * Each returns 0 or -errno.  At most one buffer per tensor exists at a
+     * time. */
+    int (*stage_out)(void *ctx, uint32_t tensor, uint64_t bytes, void **host_addr);
+    int (*stage_in)(void *ctx, uint32_t tensor, uint64_t bytes, void **host_addr);
+    int (*unstage)(void *ctx, uint32_t tensor, bool copy_in);
 } tio_runtime_callbacks;
 
 typedef struct {
@@ -69,7 +84,8 @@ typedef struct {
 typedef struct tio_runtime tio_runtime;
 
 /* Create a runtime for `plan` (checked against `trace`).  `engine` may be
- * NULL only if the plan has no SSD migrations.  The runtime borrows plan,
+ * NULL only if the plan has no SSD migrations.  The staging callbacks must
+ * be all set or all NULL (else -EINVAL).  The runtime borrows plan,
  * trace and engine: they must outlive it.
  * Returns 0; TIO_EUNKNOWN (plan names a tensor the trace lacks); -EINVAL;
  * -ENOMEM. */

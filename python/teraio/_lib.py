@@ -166,10 +166,13 @@ tio_engine_read = _fn("tio_engine_read", c_int, c_void_p, POINTER(Extent), c_voi
 # ---- runtime ----------------------------------------------------------------
 ALLOCATE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32, c_uint64, POINTER(c_void_p))
 RELEASE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32)
+STAGE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32, c_uint64, POINTER(c_void_p))
+UNSTAGE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32, c_bool)
 
 
 class RuntimeCallbacks(Structure):
-    _fields_ = [("ctx", c_void_p), ("allocate", ALLOCATE_FN), ("release", RELEASE_FN)]
+    _fields_ = [("ctx", c_void_p), ("allocate", ALLOCATE_FN), ("release", RELEASE_FN),
+                ("stage_out", STAGE_FN), ("stage_in", STAGE_FN), ("unstage", UNSTAGE_FN)]
 
 
 class RuntimeStats(Structure):

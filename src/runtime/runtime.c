@@ -41,6 +41,13 @@
  * it grows (bind, allocate), which covers the values seen after each bind
  * and at the end of each kernel_begin (releases precede allocations there).
  *
+ * Staging (optional callbacks): when the tensor's memory is not addressable
+ * by the engine, every transfer goes through a host buffer the adapter
+ * provides: stage_out before a write (the adapter copies the bytes out),
+ * stage_in before a read, and unstage when the request is over (after a
+ * successful read the adapter copies the buffer in).  `io_addr` below is
+ * the address the engine sees: the staging buffer, or the tensor itself.
+ *
  * Errors: a failed write leaves the tensor resident and intact, a failed
  * read leaves it offloaded (the memory allocated for it is released).  The
  * error is returned by the call that waited for the request, or, when the
@@ -81,6 +88,7 @@ typedef struct {
     char *err_msg;     /* its message (malloc'ed), may be NULL */
     tio_extent extent;
     void *host_copy;   /* [bytes] once the tensor was offloaded to the host tier */
+    void *io_addr;     /* staging buffer of the request in flight, or NULL */
 } rt_tensor;
 
 enum { B_OFFLOAD_DEADLINE, B_PREFETCH_DEADLINE, B_OFFLOAD_TRIGGER, B_PREFETCH_TRIGGER, B_COUNT };
@@ -184,6 +192,55 @@ static void abandon_read(tio_runtime *rt, uint32_t id)
     t->state = TENSOR_OFFLOADED;
 }
 
+static bool staged(const tio_runtime *rt) { return rt->cb.stage_out != NULL; }
+
+/* The address the engine should write tensor `id`'s bytes from: its own
+ * memory, or a staging buffer holding a copy of it. */
+static int stage_out(tio_runtime *rt, uint32_t id, void **addr)
+{
+    rt_tensor *t = &rt->tensors[id];
+    if (!staged(rt)) {
+        *addr = t->addr;
+        return 0;
+    }
+    int rc = rt->cb.stage_out(rt->cb.ctx, id, t->bytes, addr);
+    if (rc < 0 || !*addr)
+        return tio_fail(rc < 0 ? rc : -ENOMEM, "tensor %u: stage_out callback failed: %s", id,
+                        tio_strerror(rc < 0 ? rc : -ENOMEM));
+    t->io_addr = *addr;
+    return 0;
+}
+
+/* The address the engine should read tensor `id`'s bytes into. */
+static int stage_in(tio_runtime *rt, uint32_t id, void **addr)
+{
+    rt_tensor *t = &rt->tensors[id];
+    if (!staged(rt)) {
+        *addr = t->addr;
+        return 0;
+    }
+    int rc = rt->cb.stage_in(rt->cb.ctx, id, t->bytes, addr);
+    if (rc < 0 || !*addr)
+        return tio_fail(rc < 0 ? rc : -ENOMEM, "tensor %u: stage_in callback failed: %s", id,
+                        tio_strerror(rc < 0 ? rc : -ENOMEM));
+    t->io_addr = *addr;
+    return 0;
+}
+
+/* The transfer through tensor `id`'s staging buffer is over; copy it into
+ * the tensor first if `copy_in`.  No-op without staging. */
+static int unstage(tio_runtime *rt, uint32_t id, bool copy_in)
+{
+    rt_tensor *t = &rt->tensors[id];
+    if (!t->io_addr)
+        return 0;
+    t->io_addr = NULL;
+    int rc = rt->cb.unstage(rt->cb.ctx, id, copy_in);
+    if (rc < 0)
+        return tio_fail(rc, "tensor %u: unstage callback failed: %s", id, tio_strerror(rc));
+    return 0;
+}
+
 /* Apply one engine completion to its tensor. */
 static void complete(tio_runtime *rt, const tio_completion *c)
 {
@@ -203,6 +260,7 @@ static void complete(tio_runtime *rt, const tio_completion *c)
                  kind == IO_WRITE ? "write" : "read", (unsigned long long)t->bytes,
                  why[0] ? why : tio_strerror(c->result));
         set_pending_error(t, c->result, msg);
+        unstage(rt, id, false);
         if (kind == IO_WRITE) {
             if (t->state == TENSOR_OFFLOADING)
                 t->state = TENSOR_RESIDENT;
@@ -210,6 +268,14 @@ static void complete(tio_runtime *rt, const tio_completion *c)
             abandon_read(rt, id);
         }
         return;
+    }
+    int rc = unstage(rt, id, kind != IO_WRITE);
+    if (rc < 0) {
+        set_pending_error(t, rc, tio_last_error());
+        if (kind != IO_WRITE) {
+            abandon_read(rt, id);
+            return;
+        }
     }
     switch (kind) {
     case IO_WRITE:
@@ -331,7 +397,12 @@ static int offload_trigger(tio_runtime *rt, const tio_migration *m)
             rt->stats.offloads_refused++;
             return 0;
         }
-        memcpy(t->host_copy, t->addr, t->bytes);
+        void *src;
+        if ((rc = stage_out(rt, id, &src)) < 0)
+            return rc;
+        memcpy(t->host_copy, src, t->bytes);
+        if ((rc = unstage(rt, id, false)) < 0)
+            return rc;
         rt->stats.bytes_offloaded += t->bytes;
         rt->stats.bytes_offloaded_host += t->bytes;
         rt->stats.n_offloads++;
@@ -350,9 +421,16 @@ static int offload_trigger(tio_runtime *rt, const tio_migration *m)
             return submit_failed(rc, id, "reserving SSD space");
         t->has_extent = true;
     }
-    rc = tio_engine_submit_write(rt->engine, &t->extent, t->addr, t->bytes, id, false);
-    if (rc < 0)
-        return submit_failed(rc, id, "submitting the SSD write");
+    void *src;
+    if ((rc = stage_out(rt, id, &src)) < 0)
+        return rc;
+    tio_clear_error();
+    rc = tio_engine_submit_write(rt->engine, &t->extent, src, t->bytes, id, false);
+    if (rc < 0) {
+        rc = submit_failed(rc, id, "submitting the SSD write");
+        unstage(rt, id, false);
+        return rc;
+    }
     t->io = IO_WRITE;
     t->stored = TIO_TIER_SSD;
     t->state = TENSOR_OFFLOADING;
@@ -368,7 +446,16 @@ static int start_fetch(tio_runtime *rt, uint32_t id, io_kind kind, bool urgent)
     if (rc < 0)
         return rc;
     if (t->stored == TIO_TIER_HOST) {
-        memcpy(t->addr, t->host_copy, t->bytes);
+        void *dst;
+        if ((rc = stage_in(rt, id, &dst)) < 0) {
+            abandon_read(rt, id);
+            return rc;
+        }
+        memcpy(dst, t->host_copy, t->bytes);
+        if ((rc = unstage(rt, id, true)) < 0) {
+            abandon_read(rt, id);
+            return rc;
+        }
         t->state = TENSOR_RESIDENT;
         if (kind == IO_READ) {
             rt->stats.bytes_prefetched += t->bytes;
@@ -378,10 +465,16 @@ static int start_fetch(tio_runtime *rt, uint32_t id, io_kind kind, bool urgent)
         }
         return 0;
     }
+    void *dst;
+    if ((rc = stage_in(rt, id, &dst)) < 0) {
+        abandon_read(rt, id);
+        return rc;
+    }
     tio_clear_error();
-    rc = tio_engine_submit_read(rt->engine, &t->extent, t->addr, t->bytes, id, urgent);
+    rc = tio_engine_submit_read(rt->engine, &t->extent, dst, t->bytes, id, urgent);
     if (rc < 0) {
         rc = submit_failed(rc, id, "submitting the SSD read");
+        unstage(rt, id, false);
         abandon_read(rt, id);
         return rc;
     }
@@ -745,6 +838,9 @@ int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine 
         return tio_fail(-EINVAL, "runtime_create: plan, trace and callbacks are required");
     if (!cb->allocate || !cb->release)
         return tio_fail(-EINVAL, "runtime_create: allocate and release callbacks are required");
+    int n_staging = !!cb->stage_out + !!cb->stage_in + !!cb->unstage;
+    if (n_staging != 0 && n_staging != 3)
+        return tio_fail(-EINVAL, "runtime_create: stage_out, stage_in and unstage must be set together");
     int rc = validate_plan(plan, trace, engine);
     if (rc < 0)
         return rc;

@@ -40,6 +40,9 @@ typedef struct {
     void *mem[N_TENSORS];
     int n_allocate[N_TENSORS];
     int n_release[N_TENSORS];
+    /* staging: host buffers standing in for pinned memory */
+    void *stage[N_TENSORS];
+    int n_stage_out[N_TENSORS], n_stage_in[N_TENSORS], n_unstage[N_TENSORS], n_copy_in[N_TENSORS];
 } fake_framework;
 
 static int fw_allocate(void *ctx, uint32_t tensor, uint64_t bytes, void **addr)
@@ -68,6 +71,46 @@ static int fw_release(void *ctx, uint32_t tensor)
     return 0;
 }
 
+static int fw_stage_out(void *ctx, uint32_t tensor, uint64_t bytes, void **host_addr)
+{
+    fake_framework *fw = ctx;
+    assert_null(fw->stage[tensor]);
+    assert_non_null(fw->mem[tensor]);
+    fw->stage[tensor] = malloc(bytes);
+    assert_non_null(fw->stage[tensor]);
+    memcpy(fw->stage[tensor], fw->mem[tensor], bytes);
+    fw->n_stage_out[tensor]++;
+    *host_addr = fw->stage[tensor];
+    return 0;
+}
+
+static int fw_stage_in(void *ctx, uint32_t tensor, uint64_t bytes, void **host_addr)
+{
+    fake_framework *fw = ctx;
+    assert_null(fw->stage[tensor]);
+    fw->stage[tensor] = malloc(bytes);
+    assert_non_null(fw->stage[tensor]);
+    memset(fw->stage[tensor], 0xDD, bytes);
+    fw->n_stage_in[tensor]++;
+    *host_addr = fw->stage[tensor];
+    return 0;
+}
+
+static int fw_unstage(void *ctx, uint32_t tensor, bool copy_in)
+{
+    fake_framework *fw = ctx;
+    assert_non_null(fw->stage[tensor]);
+    if (copy_in) {
+        assert_non_null(fw->mem[tensor]);
+        memcpy(fw->mem[tensor], fw->stage[tensor], fw->bytes[tensor]);
+        fw->n_copy_in[tensor]++;
+    }
+    free(fw->stage[tensor]);
+    fw->stage[tensor] = NULL;
+    fw->n_unstage[tensor]++;
+    return 0;
+}
+
 static void fill_pattern(void *buf, uint64_t bytes, unsigned seed)
 {
     unsigned char *p = buf;
@@ -89,6 +132,7 @@ typedef struct {
     uint64_t engine_bytes; /* 0: no engine */
     const char *fault;     /* TIO_ENGINE_FAULT while the engine is created */
     bool host_only;        /* plan only the host-tier migrations of T2 */
+    bool staged;           /* transfers go through staging callbacks */
 } fixture_options;
 
 typedef struct {
@@ -193,6 +237,11 @@ static int fixture_setup(void **state, const fixture_options *opt)
     }
 
     f->cb = (tio_runtime_callbacks){.ctx = &f->fw, .allocate = fw_allocate, .release = fw_release};
+    if (opt->staged) {
+        f->cb.stage_out = fw_stage_out;
+        f->cb.stage_in = fw_stage_in;
+        f->cb.unstage = fw_unstage;
+    }
     assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
     for (uint32_t t = 0; t < N_TENSORS; t++) {
         f->fw.bytes[t] = tensor_bytes[t];
@@ -229,6 +278,12 @@ static int setup_auto(void **state)
 {
     return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_AUTO,
                                                    .engine_bytes = 8u << 20});
+}
+
+static int setup_staged(void **state)
+{
+    return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_AUTO,
+                                                   .engine_bytes = 8u << 20, .staged = true});
 }
 
 static int setup_host_only(void **state)
@@ -807,6 +862,52 @@ static void test_first_iteration_starts_from_steady_state(void **state)
     tio_trace_destroy(tr);
 }
 
+/* With staging callbacks (device memory the engine cannot address), every
+ * transfer goes through a staging buffer: one stage_out per offload (SSD
+ * T0, host T2), one stage_in per prefetch, an unstage after each, a copy
+ * into the tensor only after reads; the bytes come back exact. */
+static void test_staged_round_trip(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 6);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
+    assert_true(has_pattern(f->fw.mem[2], T2_BYTES, 3));
+    for (uint32_t t = 0; t < N_TENSORS; t += 2) {
+        assert_int_equal(f->fw.n_stage_out[t], 1);
+        assert_int_equal(f->fw.n_stage_in[t], 1);
+        assert_int_equal(f->fw.n_unstage[t], 2);
+        assert_int_equal(f->fw.n_copy_in[t], 1);
+        assert_null(f->fw.stage[t]);
+    }
+    assert_int_equal(f->fw.n_stage_out[1] + f->fw.n_stage_in[1], 0);
+    /* An urgent fetch goes through staging too. */
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 3);
+    void *addr = NULL;
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 0, &addr), 1);
+    assert_true(has_pattern(addr, T0_BYTES, 1));
+    assert_int_equal(f->fw.n_copy_in[0], 2);
+    assert_null(f->fw.stage[0]);
+}
+
+/* Staging callbacks come all together or not at all. */
+static void test_partial_staging_rejected(void **state)
+{
+    (void)state;
+    tio_trace *tr = make_trace();
+    tio_migration m[1] = {migration(1, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_HOST)};
+    tio_plan plan;
+    plan_init(&plan, m, 0);
+    fake_framework fw = {0};
+    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release,
+                                .stage_out = fw_stage_out};
+    tio_runtime *rt = NULL;
+    assert_int_equal(tio_runtime_create(&plan, tr, NULL, &cb, &rt), -EINVAL);
+    assert_null(rt);
+    tio_trace_destroy(tr);
+}
+
 #define BOTH_BACKENDS(fn)                                                  \
     {#fn "/psync", fn, setup_psync, fixture_teardown, NULL},               \
         {#fn "/auto", fn, setup_auto, fixture_teardown, NULL}
@@ -838,6 +939,8 @@ int main(void)
                                         fixture_teardown),
         cmocka_unit_test(test_create_rejects_bad_plans),
         cmocka_unit_test(test_wrap_around_period),
+        cmocka_unit_test_setup_teardown(test_staged_round_trip, setup_staged, fixture_teardown),
+        cmocka_unit_test(test_partial_staging_rejected),
         cmocka_unit_test(test_first_iteration_starts_from_steady_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

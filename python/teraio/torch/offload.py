@@ -85,7 +85,12 @@ class OffloadRuntime:
     :class:`teraio.core.Engine` over the SSD directories.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer, trace: Trace, plan: Plan, engine: Engine | None):
+    def __init__(self, model: torch.nn.Module, optimizer, trace: Trace, plan: Plan, engine: Engine | None,
+                 staging: bool | None = None):
+        """``staging``: move bytes through host staging buffers (pinned when
+        CUDA is available) instead of letting the engine address the
+        tensors' memory.  Default: on when the model's tensors are not in CPU
+        memory (device memory without GPUDirect Storage)."""
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
         self.k = 0
@@ -94,18 +99,26 @@ class OffloadRuntime:
         self._deaths: list[tuple[int, int]] = []
         self._bound: dict[int, int] = {}          # id -> storage key it is bound to
         self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
+        globals_ = global_tensors(model, optimizer)
+        devices = {t.device.type for t, _, _ in globals_}
+        if staging is None:
+            staging = devices != {"cpu"}
+        self.staging = staging
+        self._stage: dict[int, torch.Tensor] = {}
         self._alloc_cb = L.ALLOCATE_FN(self._allocate)
         self._release_cb = L.RELEASE_FN(self._release)
-        self._cbs = L.RuntimeCallbacks(None, self._alloc_cb, self._release_cb)
+        if staging:
+            self._stage_out_cb = L.STAGE_FN(self._stage_out)
+            self._stage_in_cb = L.STAGE_FN(self._stage_in)
+            self._unstage_cb = L.UNSTAGE_FN(self._unstage)
+            self._cbs = L.RuntimeCallbacks(None, self._alloc_cb, self._release_cb, self._stage_out_cb,
+                                           self._stage_in_cb, self._unstage_cb)
+        else:
+            self._cbs = L.RuntimeCallbacks(None, self._alloc_cb, self._release_cb)
         self._p = ctypes.c_void_p()
         L.check(L.tio_runtime_create(plan._p, trace._p, engine._p if engine else None,
                                      ctypes.byref(self._cbs), ctypes.byref(self._p)))
-        for t, _kind, _name in global_tensors(model, optimizer):
-            if t.device.type != "cpu":
-                L.tio_runtime_destroy(self._p)
-                self._p = None
-                raise ValueError(f"teraio: OffloadRuntime moves CPU tensors only in this version; "
-                                 f"'{_name}' is on {t.device} (see docs/runtime.md)")
+        for t, _kind, _name in globals_:
             st = t.untyped_storage()
             if st.nbytes() and self._ids.lookup(st) is None:
                 self._bind(self._ids.assign(st), st)
@@ -132,6 +145,42 @@ class OffloadRuntime:
         if st is not None:
             st.resize_(0)
         self._released.add(tensor)
+        return 0
+
+    # -- staging (device memory the engine cannot address) --------------------
+    @staticmethod
+    def _bytes_view(st) -> torch.Tensor:
+        """A uint8 tensor over all of storage `st`."""
+        return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+
+    def _stage_buffer(self, tensor: int, nbytes: int) -> torch.Tensor:
+        pin = torch.cuda.is_available()
+        buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self._stage[tensor] = buf
+        return buf
+
+    def _stage_out(self, ctx, tensor, nbytes, addr):
+        st = self._ids.get(tensor)
+        if st is None:
+            return -2  # -ENOENT
+        buf = self._stage_buffer(tensor, nbytes)
+        buf.copy_(self._bytes_view(st))  # device -> host; synchronous
+        addr[0] = buf.data_ptr()
+        return 0
+
+    def _stage_in(self, ctx, tensor, nbytes, addr):
+        addr[0] = self._stage_buffer(tensor, nbytes).data_ptr()
+        return 0
+
+    def _unstage(self, ctx, tensor, copy_in):
+        buf = self._stage.pop(tensor, None)
+        if buf is None:
+            return -22  # -EINVAL
+        if copy_in:
+            st = self._ids.get(tensor)
+            if st is None:
+                return -2
+            self._bytes_view(st).copy_(buf)  # host -> device; synchronous
         return 0
 
     # -- bookkeeping ----------------------------------------------------------
