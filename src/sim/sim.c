@@ -21,10 +21,12 @@
  * off the device), computed here from the pairs.  Where M'[k] exceeds the
  * capacity, the excess is swapped on demand: a rise of the excess by x
  * bytes costs a synchronous SSD write of x before the kernel, a fall a
- * synchronous read of x, both stall; the resident peak therefore never
+ * synchronous read of x, both stall, and an excess present at every kernel
+ * is written and read once per iteration; the resident peak therefore never
  * exceeds the capacity and every byte above it is paid for.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,8 +271,13 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         lat[c] = tio_sim_latency_ns(hw, c);
     }
     uint64_t cap = hw->capacity_bytes;
-    double t = 0, iter_start = 0;
+    double t = 0, iter_start = 0, stall = 0;
     uint32_t pi = 0, pd = 0;
+    uint64_t floor_over = UINT64_MAX;
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t o = mcurve[k] > cap ? mcurve[k] - cap : 0;
+        floor_over = o < floor_over ? o : floor_over;
+    }
     while (pi < ne && by_issue[pi]->issue_g < 0)
         by_issue[pi++]->done_ns = 0;
     for (int64_t g = 0; g < (int64_t)ITERATIONS * n; g++) {
@@ -287,6 +294,19 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         uint64_t over = mcurve[k] > cap ? mcurve[k] - cap : 0;
         uint64_t kp = k ? k - 1 : n - 1;
         uint64_t over_prev = mcurve[kp] > cap ? mcurve[kp] - cap : 0;
+        if (k == 0 && floor_over > 0) {
+            /* an excess at every kernel still has to leave and come back
+             * once per iteration for the kernels that use it */
+            for (int c = TIO_CH_SSD_WRITE; c <= TIO_CH_SSD_READ; c++) {
+                double s0 = start > ch_free[c] ? start : ch_free[c];
+                ch_free[c] = s0 + lat[c] + (double)floor_over / gbps[c];
+                start = ch_free[c];
+                if (last) {
+                    r->bytes[c] += floor_over;
+                    r->busy_ns[c] += (double)floor_over / gbps[c];
+                }
+            }
+        }
         if (over != over_prev) {
             int c = over > over_prev ? TIO_CH_SSD_WRITE : TIO_CH_SSD_READ;
             uint64_t x = over > over_prev ? over - over_prev : over_prev - over;
@@ -299,8 +319,8 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
             }
         }
         if (last) {
-            if (start > t + 0.5) {
-                r->stall_ns += (uint64_t)(start - t);
+            if (start > t) {
+                stall += start - t;
                 r->n_stalls++;
             }
             r->memory_bytes[k] = mcurve[k] < cap ? mcurve[k] : cap;
@@ -322,6 +342,7 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         t = start + (double)trace->kernels[k].duration_ns;
     }
     r->iteration_ns = (uint64_t)(t - iter_start + 0.5);
+    r->stall_ns = (uint64_t)ceil(stall); /* any wait, however short, shows */
     free(by_issue);
     free(by_due);
     return 0;
