@@ -3,11 +3,12 @@
 # sequential write and read of 1 GiB, 1 MiB requests, depth 32, 3 runs per
 # side, alternating (teraio bench io; the issue's full check is the default
 # 4 GiB x 5 runs: build/bin/teraio bench io --json).  Prints the engine/fio
-# ratios of bandwidth and of CPU seconds per GiB.
+# ratios of bandwidth and of CPU seconds per GiB.  Environment: TERAIO (the
+# binary), BENCH_IO_DIR (default build/bench-io), BENCH_IO_SIZE, BENCH_IO_RUNS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 teraio=${TERAIO:-build/bin/teraio}
-json=$("$teraio" bench io --size "${BENCH_IO_SIZE:-1GiB}" --runs "${BENCH_IO_RUNS:-3}" --json)
+json=$("$teraio" bench io ${BENCH_IO_DIR:+--dir "$BENCH_IO_DIR"} --size "${BENCH_IO_SIZE:-1GiB}" --runs "${BENCH_IO_RUNS:-3}" --json)
 python3 - "$json" <<'PY'
 import json, sys
 j = json.loads(sys.argv[1])

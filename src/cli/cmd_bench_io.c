@@ -8,9 +8,12 @@
  * drift of the disk or of other load on the machine hits both alike.  Both
  * sides bypass the page cache (the engine opens its backing files with
  * O_DIRECT; fio gets --direct=1).  The engine side drives the public API the
- * way fio drives the kernel: QD buffers of BS bytes registered with
+ * way an application would: buffers of BS bytes registered with
  * tio_engine_register_buffer, each request one BS-sized slice of one big
- * extent, a new request submitted as soon as one completes.  With several
+ * extent, a new request submitted as soon as one is reaped.  The engine's
+ * ring depth is QD, the same depth fio gives the kernel; the bench keeps
+ * 2 x QD requests submitted so that the engine's pending queue can refill
+ * the ring from its completion thread without waiting for this thread.  With several
  * directories the engine stripes in BS units and fio gets one file per
  * directory (it spreads the I/O round robin over them).
  *
@@ -185,7 +188,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
 typedef struct {
     tio_engine *engine;
     tio_extent extent;
-    char *bufs;          /* qd buffers of bs bytes */
+    char *bufs;          /* n_bufs buffers of bs bytes */
+    uint32_t n_bufs;     /* requests kept submitted: 2 x qd */
     bool registered;
     const bench_args *a;
 } engine_side;
@@ -207,13 +211,15 @@ static int engine_open(engine_side *s, const bench_args *a)
     if ((rc = tio_engine_alloc(s->engine, a->size, &s->extent)) != 0)
         return cli_lib_error(CMD, rc);
     void *p;
-    if (posix_memalign(&p, 4096, (size_t)a->qd * a->bs) != 0)
-        return cli_error(CMD, "out of memory for %u buffers of %llu bytes", a->qd,
+    s->n_bufs = 2 * a->qd;
+    size_t total = (size_t)s->n_bufs * a->bs;
+    if (posix_memalign(&p, 4096, total) != 0)
+        return cli_error(CMD, "out of memory for %u buffers of %llu bytes", s->n_bufs,
                          (unsigned long long)a->bs);
     s->bufs = p;
-    for (size_t i = 0; i < (size_t)a->qd * a->bs; i++)
+    for (size_t i = 0; i < total; i++)
         s->bufs[i] = (char)(i * 131u + (i >> 12));
-    s->registered = tio_engine_register_buffer(s->engine, s->bufs, (uint64_t)a->qd * a->bs) == 0 &&
+    s->registered = tio_engine_register_buffer(s->engine, s->bufs, total) == 0 &&
                     tio_engine_fixed_buffers(s->engine);
     return 0;
 }
@@ -229,26 +235,31 @@ static int engine_pass(engine_side *s, int op, sample *out)
 {
     const bench_args *a = s->a;
     uint64_t n_req = a->size / a->bs, next = 0, done = 0;
-    tio_completion comp[64];
+    uint32_t free_slots[2 * 4096], n_free = s->n_bufs;
+    for (uint32_t i = 0; i < s->n_bufs; i++)
+        free_slots[i] = i;
+    tio_completion comp[128];
     double t0 = now_s(), c0 = cpu_s();
     while (done < n_req) {
-        while (next < n_req && tio_engine_in_flight(s->engine) < a->qd) {
-            uint32_t slot = (uint32_t)(next % a->qd);
+        while (next < n_req && n_free > 0) {
+            uint32_t slot = free_slots[--n_free];
             tio_extent x = {.offset = s->extent.offset + next * a->bs, .bytes = a->bs};
             char *buf = s->bufs + (size_t)slot * a->bs;
-            int rc = op == WRITE ? tio_engine_submit_write(s->engine, &x, buf, a->bs, next, false)
-                                 : tio_engine_submit_read(s->engine, &x, buf, a->bs, next, false);
+            int rc = op == WRITE ? tio_engine_submit_write(s->engine, &x, buf, a->bs, slot, false)
+                                 : tio_engine_submit_read(s->engine, &x, buf, a->bs, slot, false);
             if (rc)
                 return cli_lib_error(CMD, rc);
             next++;
         }
-        int n = tio_engine_reap(s->engine, comp, 64, 1);
+        int n = tio_engine_reap(s->engine, comp, 128, 1);
         if (n < 0)
             return cli_lib_error(CMD, n);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             if (comp[i].result)
                 return cli_error(CMD, "engine %s: %s", op_name[op],
                                  tio_engine_completion_error(s->engine, comp[i].tag));
+            free_slots[n_free++] = (uint32_t)comp[i].tag;
+        }
         done += (uint64_t)n;
     }
     double dt = now_s() - t0, cpu = cpu_s() - c0;
