@@ -13,6 +13,7 @@
 int cmd_version(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);

@@ -21,6 +21,7 @@ static const struct subcommand commands[] = {
     {"plan", cmd_plan, "plan TRACE --capacity BYTES [--ssd-read-gbps R] [--ssd-write-gbps W] [--host-cap BYTES] -o PLAN"},
     {"bench", cmd_bench, "bench io [--dir DIR ...] [--size BYTES] [--bs BYTES] [--qd N] [--runs N] [--json]  engine vs fio"},
     {"check", cmd_check, "check TRACE PLAN        does PLAN apply to TRACE? planned peak vs capacity"},
+    {"tokenize", cmd_tokenize, "tokenize --encoding NAME|--file PATH [--ids|--decode|--bench] FILE  byte-level BPE tokens (tiktoken / HF ids)"},
 };
 
 static void usage(FILE *f)

@@ -183,5 +183,31 @@ expect_one_line_error "bench io: unknown option" "$teraio" bench io --dir "$work
 expect_one_line_error "bench: no benchmark named" "$teraio" bench disk
 expect_status "bench io --help" 0 "$teraio" bench io --help
 
+# --- teraio tokenize ---------------------------------------------------------
+printf 'hello world\n' >"$work/hello.txt"
+printf '{"model": {"type": "WordPiece"}}' >"$work/wordpiece.json"
+printf '{"model": ' >"$work/truncated.json"
+printf '15339 x 1917' >"$work/bad-ids.txt"
+printf '4000000' >"$work/big-id.txt"
+expect_one_line_error "tokenize: no arguments" "$teraio" tokenize
+expect_one_line_error "tokenize: no FILE" "$teraio" tokenize --encoding cl100k_base
+expect_one_line_error "tokenize: --encoding and --file" "$teraio" tokenize --encoding cl100k_base --file "$work/wordpiece.json" "$work/hello.txt"
+expect_one_line_error "tokenize: unknown encoding" "$teraio" tokenize --encoding gpt5 "$work/hello.txt"
+expect_one_line_error "tokenize: --ids with --decode" "$teraio" tokenize --encoding cl100k_base --ids --decode "$work/hello.txt"
+expect_one_line_error "tokenize: unknown option" "$teraio" tokenize --encoding cl100k_base --fast "$work/hello.txt"
+expect_one_line_error "tokenize: --file not byte-level BPE" "$teraio" tokenize --file "$work/wordpiece.json" "$work/hello.txt"
+expect_one_line_error "tokenize: --file truncated JSON" "$teraio" tokenize --file "$work/truncated.json" "$work/hello.txt"
+expect_one_line_error "tokenize: --file missing" "$teraio" tokenize --file "$work/none.json" "$work/hello.txt"
+expect_status "tokenize --help" 0 "$teraio" tokenize --help
+shared_tok="$(dirname "$teraio")/../../../shared/tokenizers"
+if [ -r "$shared_tok/cl100k_base.tiktoken" ] || [ -n "${TERAIO_TOKENIZERS_DIR:-}" ]; then
+  expect_one_line_error "tokenize: missing input" "$teraio" tokenize --encoding cl100k_base "$work/none.txt"
+  expect_one_line_error "tokenize: --decode of a non-number" "$teraio" tokenize --encoding cl100k_base --decode "$work/bad-ids.txt"
+  expect_one_line_error "tokenize: --decode of an unknown id" "$teraio" tokenize --encoding cl100k_base --decode "$work/big-id.txt"
+  expect_status "tokenize --ids" 0 "$teraio" tokenize --encoding cl100k_base --ids "$work/hello.txt"
+  ids=$("$teraio" tokenize --encoding cl100k_base --ids "$work/hello.txt")
+  if [ "$ids" = "15339 1917 198" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tokenize --ids: got '$ids'" >&2; fi
+fi
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
