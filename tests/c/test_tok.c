@@ -1,0 +1,392 @@
+/*
+ * tests/c/test_tok.c — the byte-level BPE tokenizer against ids a reader can
+ * check: the known "hello world" vectors of the OpenAI encodings (rank files
+ * from $TIO_SOURCE_DIR/../shared/tokenizers; those tests skip when absent),
+ * and a toy vocabulary worked out by hand:
+ *
+ *   ranks 0..255: the single bytes (rank = byte value)
+ *   256 "ab", 257 "bc", 258 "abc", 259 "  " (two spaces)
+ *   split regex: \S+|\s+ ; special token "<|x|>" = 300
+ *
+ *   "abc"      whole-piece hit             -> [258]
+ *   "abcab"    ab,c,a,b -> ab,c,ab -> abc,ab -> [258, 256]
+ *   "ca"       no pair merges              -> ['c', 'a'] = [99, 97]
+ *   "abc"x30   90 bytes: the heap merge    -> [258] x 30
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "teraio/tok.h"
+
+static char shared_dir[4096];
+
+static bool have_shared(void)
+{
+    const char *src = getenv("TIO_SOURCE_DIR");
+    if (!src)
+        return false;
+    snprintf(shared_dir, sizeof shared_dir, "%s/../shared/tokenizers", src);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cl100k_base.tiktoken", shared_dir);
+    return access(path, R_OK) == 0;
+}
+
+/* The toy rank file above, base64 per line. */
+static char *toy_ranks(size_t *len)
+{
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t cap = 256 * 16 + 256, n = 0;
+    char *s = malloc(cap);
+    for (int b = 0; b < 256; b++) {
+        /* one byte: 6 bits, 2 bits + "==" */
+        n += (size_t)snprintf(s + n, cap - n, "%c%c== %d\n", b64[b >> 2], b64[(b & 3) << 4], b);
+    }
+    n += (size_t)snprintf(s + n, cap - n, "YWI= 256\nYmM= 257\nYWJj 258\nICA= 259\n");
+    *len = n;
+    return s;
+}
+
+static const tio_tok_special toy_specials[] = {{"<|x|>", 300}};
+
+static tio_tok *toy(void)
+{
+    size_t len;
+    char *ranks = toy_ranks(&len);
+    tio_tok *tok = NULL;
+    assert_int_equal(tio_tok_parse_tiktoken(&tok, ranks, len, "\\S+|\\s+", toy_specials, 1), 0);
+    free(ranks);
+    return tok;
+}
+
+static size_t enc(const tio_tok *tok, const char *s, size_t len, int special, uint32_t *ids)
+{
+    size_t n = 99;
+    assert_int_equal(tio_tok_encode(tok, s, len, special, ids, len + 1, &n), 0);
+    return n;
+}
+
+static void check_ids(const uint32_t *got, size_t n, const uint32_t *want, size_t n_want)
+{
+    assert_int_equal(n, n_want);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(got[i], want[i]);
+}
+
+static void test_toy_merges(void **state)
+{
+    tio_tok *tok = toy();
+    uint32_t ids[128];
+    check_ids(ids, enc(tok, "abc", 3, 0, ids), (uint32_t[]){258}, 1);
+    check_ids(ids, enc(tok, "abcab", 5, 0, ids), (uint32_t[]){258, 256}, 2);
+    check_ids(ids, enc(tok, "ca", 2, 0, ids), (uint32_t[]){99, 97}, 2);
+    check_ids(ids, enc(tok, "ab  bc", 6, 0, ids), (uint32_t[]){256, 259, 257}, 3);
+    char big[91];
+    for (int i = 0; i < 30; i++)
+        memcpy(big + 3 * i, "abc", 3);
+    size_t n = enc(tok, big, 90, 0, ids);
+    assert_int_equal(n, 30);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ids[i], 258);
+    /* the same piece again comes from the per-thread cache */
+    check_ids(ids, enc(tok, "abcab", 5, 0, ids), (uint32_t[]){258, 256}, 2);
+    assert_int_equal(tio_tok_vocab_size(tok), 301);
+    tio_tok_destroy(tok);
+}
+
+static void test_toy_special_modes(void **state)
+{
+    tio_tok *tok = toy();
+    uint32_t ids[64];
+    const char *s = "ab<|x|>bc";
+    /* text: "<|x|>" is BPE'd bytes, one piece "ab<|x|>bc" */
+    size_t n = enc(tok, s, strlen(s), TIO_TOK_SPECIAL_TEXT, ids);
+    check_ids(ids, n, (uint32_t[]){256, '<', '|', 'x', '|', '>', 257}, 7);
+    n = enc(tok, s, strlen(s), TIO_TOK_SPECIAL_ALLOW, ids);
+    check_ids(ids, n, (uint32_t[]){256, 300, 257}, 3);
+    size_t m;
+    assert_int_equal(tio_tok_encode(tok, s, strlen(s), TIO_TOK_SPECIAL_REJECT, ids, 64, &m), TIO_EPARSE);
+    assert_non_null(strstr(tio_last_error(), "at byte 2"));
+    assert_int_equal(tio_tok_encode(tok, "abc", 3, TIO_TOK_SPECIAL_REJECT, ids, 64, &m), 0);
+    assert_int_equal(tio_tok_encode(tok, "abc", 3, 7, ids, 64, &m), -EINVAL);
+    assert_int_equal(tio_tok_special_id(tok, "<|x|>"), 300);
+    assert_int_equal(tio_tok_special_id(tok, "<|y|>"), -ENOENT);
+    tio_tok_destroy(tok);
+}
+
+static void test_toy_decode_and_invalid_utf8(void **state)
+{
+    tio_tok *tok = toy();
+    /* invalid bytes, a truncated sequence, a surrogate, an overlong */
+    const char s[] = "ab \xff\xfe abc \xc3 \xed\xa0\x80 \xc0\xaf\xe2\x82";
+    size_t len = sizeof s - 1;
+    uint32_t ids[64];
+    size_t n = enc(tok, s, len, 0, ids);
+    char out[64];
+    size_t nb = 0;
+    assert_int_equal(tio_tok_decode(tok, ids, n, out, sizeof out, &nb), 0);
+    assert_int_equal(nb, len);
+    assert_memory_equal(out, s, len);
+    /* decode: too small, unknown id */
+    assert_int_equal(tio_tok_decode(tok, ids, n, out, 3, &nb), -ENOSPC);
+    assert_int_equal(nb, len);
+    uint32_t bad[] = {97, 299};
+    assert_int_equal(tio_tok_decode(tok, bad, 2, out, sizeof out, &nb), -ENOENT);
+    assert_non_null(strstr(tio_last_error(), "index 1"));
+    const void *bytes;
+    size_t blen;
+    assert_int_equal(tio_tok_token_bytes(tok, 258, &bytes, &blen), 0);
+    assert_int_equal(blen, 3);
+    assert_memory_equal(bytes, "abc", 3);
+    /* encode into too small an output */
+    assert_int_equal(tio_tok_encode(tok, "ca ca", 5, 0, ids, 2, &n), -ENOSPC);
+    assert_int_equal(n, 2);
+    tio_tok_destroy(tok);
+}
+
+static void test_toy_batch(void **state)
+{
+    tio_tok *tok = toy();
+    const char *texts[] = {"abcab", "", "ca", "ab  bc", "abc"};
+    size_t lens[5], total = 0;
+    for (int i = 0; i < 5; i++)
+        total += lens[i] = strlen(texts[i]);
+    uint32_t ids[64];
+    size_t offsets[6];
+    assert_int_equal(tio_tok_encode_batch(tok, (const void *const *)texts, lens, 5, 0, 2, ids, total,
+                                          offsets),
+                     0);
+    size_t want_off[] = {0, 2, 2, 4, 7, 8};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(offsets[i], want_off[i]);
+    check_ids(ids, 8, (uint32_t[]){258, 256, 99, 97, 256, 259, 257, 258}, 8);
+    assert_int_equal(tio_tok_encode_batch(tok, (const void *const *)texts, lens, 5, 0, 2, ids, total - 1,
+                                          offsets),
+                     -ENOSPC);
+    tio_tok_destroy(tok);
+}
+
+static void expect_parse_error(const char *ranks, int code, const char *needle)
+{
+    tio_tok *tok = (tio_tok *)1;
+    assert_int_equal(tio_tok_parse_tiktoken(&tok, ranks, strlen(ranks), "\\S+", NULL, 0), code);
+    assert_null(tok);
+    if (!strstr(tio_last_error(), needle))
+        fail_msg("message '%s' lacks '%s'", tio_last_error(), needle);
+}
+
+static void test_rank_file_errors(void **state)
+{
+    expect_parse_error("YQ== 0\nYQ=x 1\n", TIO_EPARSE, "<memory>:2: token");
+    expect_parse_error("YQ== 0\nYg== zero\n", TIO_EPARSE, "<memory>:2: rank");
+    expect_parse_error("YQ== 0\nYg== 0\n", TIO_EPARSE, "rank 0 appears twice");
+    expect_parse_error("YQ== 0\nYQ== 1\n", TIO_EPARSE, "same bytes");
+    expect_parse_error("YQ==\n", TIO_EPARSE, "<memory>:1: expected");
+    expect_parse_error("YQ== 0\n", TIO_EPARSE, "byte 0x00 has no token");
+    expect_parse_error("YQ== 99999999\n", TIO_EPARSE, "rank: expected an integer below");
+    expect_parse_error("", TIO_EPARSE, "no tokens");
+    size_t len;
+    char *ranks = toy_ranks(&len);
+    tio_tok *tok;
+    assert_int_equal(tio_tok_parse_tiktoken(&tok, ranks, len, "(unclosed", NULL, 0), -EINVAL);
+    assert_non_null(strstr(tio_last_error(), "does not compile"));
+    tio_tok_special clash[] = {{"<s>", 65}};
+    assert_int_equal(tio_tok_parse_tiktoken(&tok, ranks, len, "\\S+", clash, 1), TIO_EPARSE);
+    tio_tok_special empty[] = {{"", 400}};
+    assert_int_equal(tio_tok_parse_tiktoken(&tok, ranks, len, "\\S+", empty, 1), TIO_EPARSE);
+    free(ranks);
+    assert_int_equal(tio_tok_load_tiktoken(&tok, "/nonexistent/x.tiktoken", "\\S+", NULL, 0), -ENOENT);
+}
+
+/* GPT-2's byte -> character map, as UTF-8, for building a tokenizer.json. */
+static void byte_char(int b, char *out)
+{
+    int cp = b, k = 0;
+    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    if (!printable) {
+        for (int x = 0; x < b; x++)
+            k += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255));
+        cp = 256 + k;
+    }
+    if (cp == '"' || cp == '\\')
+        sprintf(out, "\\%c", cp);
+    else if (cp < 0x80)
+        sprintf(out, "%c", cp);
+    else
+        sprintf(out, "%c%c", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f));
+}
+
+static char *toy_json(const char *pre_tokenizer, bool ignore_merges)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n,
+                          "{\"version\": \"1.0\", \"normalizer\": null, \"added_tokens\": "
+                          "[{\"id\": 300, \"content\": \"<|x|>\", \"special\": true}],"
+                          " \"pre_tokenizer\": %s, \"model\": {\"type\": \"BPE\", \"ignore_merges\": %s,"
+                          " \"vocab\": {",
+                          pre_tokenizer, ignore_merges ? "true" : "false");
+    for (int b = 0; b < 256; b++) {
+        char c[8];
+        byte_char(b, c);
+        n += (size_t)snprintf(s + n, cap - n, "\"%s\": %d, ", c, b);
+    }
+    /* "Ġa" = " a" (space is byte 32 -> U+0120) */
+    n += (size_t)snprintf(s + n, cap - n,
+                          "\"ab\": 256, \"bc\": 257, \"abc\": 258, \"\xc4\xa0" "a\": 259, \"ca\": 260},"
+                          " \"merges\": [\"a b\", [\"b\", \"c\"], \"ab c\", \"\xc4\xa0 a\"]}}");
+    return s;
+}
+
+static void test_hf_json(void **state)
+{
+    const char *bl = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}";
+    char *json = toy_json(bl, false);
+    tio_tok *tok;
+    int rc = tio_tok_parse_hf(&tok, json, strlen(json));
+    if (rc)
+        fail_msg("parse_hf: %d %s", rc, tio_last_error());
+    uint32_t ids[64];
+    /* GPT-2 regex: "abc", " abc" ( a + b -> ' a' has rank 3, 'ab' rank 0:
+     * ab first, then abc, leaving ' ' alone), "<|x|>" always special. */
+    const char *s = "abc abc<|x|>ca";
+    size_t n = enc(tok, s, strlen(s), TIO_TOK_SPECIAL_TEXT, ids);
+    check_ids(ids, n, (uint32_t[]){258, 32, 258, 300, 'c', 'a'}, 6);
+    /* "ca" is in the vocabulary but no merge builds it: not a whole-piece hit
+     * without ignore_merges ... */
+    tio_tok_destroy(tok);
+    free(json);
+    /* ... and a hit with it. */
+    json = toy_json(bl, true);
+    assert_int_equal(tio_tok_parse_hf(&tok, json, strlen(json)), 0);
+    n = enc(tok, "ca", 2, 0, ids);
+    check_ids(ids, n, (uint32_t[]){260}, 1);
+    tio_tok_destroy(tok);
+    free(json);
+    json = toy_json("{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", false);
+    assert_int_equal(tio_tok_parse_hf(&tok, json, strlen(json)), 0);
+    n = enc(tok, "a", 1, 0, ids);
+    check_ids(ids, n, (uint32_t[]){259}, 1);
+    tio_tok_destroy(tok);
+    free(json);
+}
+
+static void expect_hf_error(const char *pre, int code, const char *needle)
+{
+    char *json = toy_json(pre, false);
+    tio_tok *tok = (tio_tok *)1;
+    assert_int_equal(tio_tok_parse_hf(&tok, json, strlen(json)), code);
+    assert_null(tok);
+    if (!strstr(tio_last_error(), needle))
+        fail_msg("message '%s' lacks '%s'", tio_last_error(), needle);
+    free(json);
+}
+
+static void test_hf_errors(void **state)
+{
+    expect_hf_error("{\"type\": \"Whitespace\"}", -ENOTSUP, "pre_tokenizer type 'Whitespace'");
+    expect_hf_error("{\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, \"behavior\": \"Isolated\"}",
+                    -ENOTSUP, "Regex");
+    expect_hf_error("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\S+\"}, \"behavior\": \"Isolated\"}",
+                    -ENOTSUP, "no ByteLevel");
+    expect_hf_error("{\"type\": \"ByteLevel\", \"use_regex\": 3}", TIO_EPARSE, "use_regex");
+    tio_tok *tok;
+    const char *bad = "{\"model\": {\"vocab\": {}, \"merges\": []";
+    assert_int_equal(tio_tok_parse_hf(&tok, bad, strlen(bad)), TIO_EPARSE);
+    assert_non_null(strstr(tio_last_error(), "not valid JSON"));
+    const char *wp = "{\"model\": {\"type\": \"WordPiece\"}}";
+    assert_int_equal(tio_tok_parse_hf(&tok, wp, strlen(wp)), -ENOTSUP);
+    const char *trail = "{} x";
+    assert_int_equal(tio_tok_parse_hf(&tok, trail, strlen(trail)), TIO_EPARSE);
+    assert_int_equal(tio_tok_load_hf(&tok, "/nonexistent/tokenizer.json"), -ENOENT);
+}
+
+static void test_known_vectors(void **state)
+{
+    if (!have_shared())
+        skip();
+    static const struct {
+        const char *name;
+        uint32_t ids[2];
+    } cases[] = {
+        {"r50k_base", {31373, 995}},
+        {"p50k_base", {31373, 995}},
+        {"cl100k_base", {15339, 1917}},
+        {"o200k_base", {24912, 2375}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tio_tok *tok;
+        int rc = tio_tok_load_encoding(&tok, cases[i].name, shared_dir);
+        if (rc)
+            fail_msg("%s: %s", cases[i].name, tio_last_error());
+        uint32_t ids[16];
+        check_ids(ids, enc(tok, "hello world", 11, 0, ids), cases[i].ids, 2);
+        tio_tok_destroy(tok);
+    }
+}
+
+static void test_cl100k_details(void **state)
+{
+    if (!have_shared())
+        skip();
+    tio_tok *tok;
+    assert_int_equal(tio_tok_load_encoding(&tok, "cl100k_base", shared_dir), 0);
+    uint32_t ids[256];
+    /* specials: allowed -> their ids; as text -> BPE of '<', '|', ... */
+    const char *s = "<|endoftext|>";
+    check_ids(ids, enc(tok, s, strlen(s), TIO_TOK_SPECIAL_ALLOW, ids), (uint32_t[]){100257}, 1);
+    assert_true(enc(tok, s, strlen(s), TIO_TOK_SPECIAL_TEXT, ids) > 1);
+    /* round trip of mixed scripts, emoji with ZWJ and skin tone, combining marks */
+    const char *mixed = "Grüße, 世界! 👩🏽‍💻 e\xcc\x81 don't  \n\n 12345";
+    size_t n = enc(tok, mixed, strlen(mixed), 0, ids);
+    char out[128];
+    size_t nb;
+    assert_int_equal(tio_tok_decode(tok, ids, n, out, sizeof out, &nb), 0);
+    assert_int_equal(nb, strlen(mixed));
+    assert_memory_equal(out, mixed, nb);
+    tio_tok_destroy(tok);
+}
+
+static void test_encoding_path(void **state)
+{
+    char path[64];
+    assert_int_equal(tio_tok_encoding_path("nope", "/tmp", path, sizeof path), -ENOENT);
+    assert_non_null(strstr(tio_last_error(), "unknown encoding"));
+    unsetenv("TERAIO_TOKENIZERS_DIR");
+    assert_int_equal(tio_tok_encoding_path("cl100k_base", NULL, path, sizeof path), -ENOENT);
+    assert_int_equal(tio_tok_encoding_path("cl100k_base", "/nonexistent", path, sizeof path), -ENOENT);
+    assert_non_null(strstr(tio_last_error(), "/nonexistent"));
+    char tiny[8];
+    assert_int_equal(tio_tok_encoding_path("cl100k_base", "/nonexistent", tiny, sizeof tiny), -ENAMETOOLONG);
+    if (!have_shared())
+        return;
+    setenv("TERAIO_TOKENIZERS_DIR", shared_dir, 1);
+    char full[4200];
+    assert_int_equal(tio_tok_encoding_path("o200k_base", "/nonexistent", full, sizeof full), 0);
+    assert_non_null(strstr(full, "o200k_base.tiktoken"));
+    unsetenv("TERAIO_TOKENIZERS_DIR");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_toy_merges),
+        cmocka_unit_test(test_toy_special_modes),
+        cmocka_unit_test(test_toy_decode_and_invalid_utf8),
+        cmocka_unit_test(test_toy_batch),
+        cmocka_unit_test(test_rank_file_errors),
+        cmocka_unit_test(test_hf_json),
+        cmocka_unit_test(test_hf_errors),
+        cmocka_unit_test(test_known_vectors),
+        cmocka_unit_test(test_cl100k_details),
+        cmocka_unit_test(test_encoding_path),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
