@@ -209,5 +209,44 @@ if [ -r "$shared_tok/cl100k_base.tiktoken" ] || [ -n "${TERAIO_TOKENIZERS_DIR:-}
   if [ "$ids" = "15339 1917 198" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tokenize --ids: got '$ids'" >&2; fi
 fi
 
+# --- teraio eval ---------------------------------------------------------------
+printf 'name = broken\ncapacity_bytes = lots\n' >"$work/garbled.conf"
+printf 'name = partial\ncapacity_bytes = 4000\n' >"$work/partial.conf"
+cat >"$work/ok.conf" <<'EOF'
+name = cli-test
+capacity_bytes = 4000
+pcie_h2d_gbps = 10
+pcie_d2h_gbps = 10
+ssd_count = 1
+ssd_read_gbps = 2
+ssd_write_gbps = 1.5
+ssd_latency_us = 0
+host_latency_us = 0
+host_cap_bytes = 0
+cpu_adam_params_per_s = 1e9
+EOF
+expect_one_line_error "eval: nothing to evaluate" "$teraio" eval
+expect_one_line_error "eval: unknown target" "$teraio" eval everything
+expect_one_line_error "eval: unknown option" "$teraio" eval paper --fast
+expect_one_line_error "eval paper: takes no file" "$teraio" eval paper "$work/plan.tio"
+expect_one_line_error "eval paper: missing --hw file" "$teraio" eval paper --hw "$work/none.conf"
+expect_one_line_error "eval paper: garbled --hw" "$teraio" eval paper --hw "$work/garbled.conf"
+expect_one_line_error "eval paper: --hw without a value" "$teraio" eval paper --hw
+expect_one_line_error "eval trace: no --hw" "$teraio" eval trace "$work/plan.tio"
+expect_one_line_error "eval trace: no trace" "$teraio" eval trace --hw "$work/ok.conf"
+expect_one_line_error "eval trace: missing trace" "$teraio" eval trace "$work/none.tio" --hw "$work/ok.conf"
+expect_one_line_error "eval trace: --hw missing a required key" \
+  "$teraio" eval trace "$work/plan.tio" --hw "$work/partial.conf"
+expect_one_line_error "eval trace: unknown strategy" \
+  "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --strategy fastest
+expect_one_line_error "eval trace: plan of another trace" \
+  "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --plan "$work/unknown.plan"
+expect_one_line_error "eval demo: missing summary" "$teraio" eval demo "$work/none.json"
+printf '{"capacity_bytes": 4000}\n' >"$work/summary.json"
+expect_one_line_error "eval demo: summary without measurements" "$teraio" eval demo "$work/summary.json"
+expect_status "eval trace: a good trace and profile" 0 \
+  "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --json
+expect_status "eval --help" 0 "$teraio" eval --help
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
