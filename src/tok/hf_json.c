@@ -341,6 +341,9 @@ static int read_added(hf_loader *L, json_object *added, uint8_t *not_piece, tok_
             tok->tok_off[id] = off;
             tok->tok_len[id] = (uint32_t)len;
             not_piece[id] = 1;
+        } else if (tok->tok_len[id] != len || memcmp(tok->arena + tok->tok_off[id], tok->arena + off, len)) {
+            return tio_fail(TIO_EPARSE, "%s: added_tokens[%zu]: id %u is a different vocabulary token",
+                            L->where, i, id);
         }
         list[i] = (tok_special){off, (uint32_t)len, id};
     }

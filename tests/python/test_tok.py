@@ -1,0 +1,311 @@
+"""teraio's tokenizer against the references: PyPI tiktoken (built offline from
+the rank files in ../shared/tokenizers) and Hugging Face tokenizers.
+
+Default run (make test): a deterministic ~5 MB sample of real text per
+encoding, the stress strings, every code point of the Basic Multilingual
+Plane, invalid UTF-8, and tokenizer.json files built here with `tokenizers`.
+Full run (TERAIO_TOK_FULL=1, see docs/tokenizer.md): >= 50 MB of real text
+per encoding and every code point of all planes.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+tiktoken = pytest.importorskip("tiktoken")
+import tiktoken.load  # noqa: E402
+
+from teraio._lib import TeraioError  # noqa: E402
+from teraio.tok import SPECIAL_ALLOW, SPECIAL_REJECT, SPECIAL_TEXT, Tokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = Path(os.environ.get("TERAIO_TOKENIZERS_DIR") or REPO.parent / "shared" / "tokenizers")
+FULL = os.environ.get("TERAIO_TOK_FULL") == "1"
+ENCODINGS = ["r50k_base", "cl100k_base", "o200k_base"]
+
+pytestmark = pytest.mark.skipif(not (SHARED / "cl100k_base.tiktoken").exists(),
+                                reason=f"no rank files in {SHARED}")
+
+TIO_EPARSE = -5001
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name: str) -> "tiktoken.Encoding":
+    spec = json.loads((SHARED / "encodings.json").read_text())[name]
+    return tiktoken.Encoding(name, pat_str=spec["pat_str"],
+                             mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(SHARED / f"{name}.tiktoken")),
+                             special_tokens=spec["special_tokens"])
+
+
+@functools.lru_cache(maxsize=None)
+def teraio_encoding(name: str) -> Tokenizer:
+    return Tokenizer.encoding(name, SHARED)
+
+
+def _text_files():
+    """Real text on this machine, in a fixed order: the Python standard
+    library sources, then documentation, then C headers."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    yield from sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts)
+    doc = Path("/usr/share/doc")
+    if doc.is_dir():
+        yield from sorted(p for p in doc.rglob("*")
+                          if p.is_file() and not p.is_symlink() and p.suffix in ("", ".txt", ".md", ".rst"))
+    inc = Path("/usr/include")
+    if inc.is_dir():
+        yield from sorted(p for p in inc.rglob("*.h") if p.is_file() and not p.is_symlink())
+
+
+def corpus(total_bytes: int, stride: int = 1) -> list[str]:
+    """Documents (whole files, valid UTF-8) adding up to about total_bytes;
+    every stride-th file, so a small sample still spans the sources."""
+    docs, size = [], 0
+    for i, p in enumerate(_text_files()):
+        if i % stride:
+            continue
+        try:
+            text = p.read_bytes().decode("utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        docs.append(text)
+        size += len(text.encode())
+        if size >= total_bytes:
+            break
+    return docs
+
+
+STRESS = [
+    "hello world", "Hello, World!", "", " ", "  ", "\n", "\n\n\n", " \n \n", "\t\t x", "\r\n\r\n",
+    "a  b   c    d", "trailing spaces   ", "   leading", "x\u3000\u3000y", "\u00a0nbsp\u00a0 \u2009thin",
+    "I'm you're he's we'd they'll I've can't DON'T It'S WE'RE", "'s 's'S'", "'ll'll", "o'clock",
+    "1234567890", "1 12 123 1234 12345", "3.14159 2,718 1e10 0x1F 1_000_000", "٣٤٥ ١٢ ௧௨௩ 一二三",
+    "日本語のテキストです。東京は首都。", "中文文本，包含标点符号！", "한국어 텍스트입니다", "ภาษาไทย ไม่มีช่องว่าง",
+    "emoji 👍🏽 👩‍👩‍👧‍👦 🏳️‍🌈 🇺🇸🇫🇷 ❤️ ✊🏿 🧑🏻‍💻", "😀😃😄😁😆😅🤣😂", "e\u0301 a\u0300\u0316 ñ n\u0303 Å A\u030a",
+    "Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334\u0319\u0324\u031e\u0349\u035a\u032f\u031e\u0320\u034dA\u0334\u0335\u035c",
+    "Ελληνικά кириллица עברית العربية हिन्दी বাংলা", "mixed日本english한국어123عربي",
+    "\u200b\u200c\u200d\ufeff zero width", "\u180e mongolian vowel separator \u180e", "\u0085 NEL \u2028 LS \u2029 PS",
+    "def f(x):\n    return x ** 2\n\n\n# comment\n", "    \n        \n", "{\"key\": [1, 2, {\"a\": null}]}",
+    "<html><body class='x'>&amp;&lt;</body></html>", "https://example.com/path?q=1&r=2#frag",
+    "/usr/local/bin//", "a/b/c/d.e", "=====\n-----\n*****", "!!!???...,,,;;;", "$$$ €€€ £££ ¥¥¥",
+    "ſ ſs ſſ 'ſ K K", "İstanbul ıi ß ẞ ǅ ǈ", "ＦＵＬＬＷＩＤＴＨ ｶﾀｶﾅ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟙𝟚𝟛",
+    "\U0001F9D1\u1c89 \u0558 Ꟑ \U000105C0", "x" * 5000, " " * 3000 + "x", "\n" * 2000, "ab" * 3000,
+    "🤖" * 500, "1" * 1001, "a'" * 700, "\U00010000\U0010FFFD\ue000",
+]
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_hello_world(name):
+    want = {"r50k_base": [31373, 995], "cl100k_base": [15339, 1917], "o200k_base": [24912, 2375]}[name]
+    assert teraio_encoding(name).encode("hello world") == want
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_stress_strings(name):
+    ref, tok = reference(name), teraio_encoding(name)
+    for s in STRESS:
+        ids = tok.encode(s)
+        assert ids == ref.encode_ordinary(s), repr(s[:80])
+        assert tok.decode_bytes(ids) == s.encode()
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_special_tokens(name):
+    ref, tok = reference(name), teraio_encoding(name)
+    s = "a<|endoftext|>b <|endoftext|><|endoftext|> c<|endofprompt|>"
+    assert tok.encode(s, SPECIAL_ALLOW) == ref.encode(s, allowed_special="all")
+    assert tok.encode(s, SPECIAL_TEXT) == ref.encode_ordinary(s)
+    with pytest.raises(ValueError):
+        ref.encode(s)
+    with pytest.raises(TeraioError) as err:
+        tok.encode(s, SPECIAL_REJECT)
+    assert err.value.code == TIO_EPARSE
+    assert tok.encode("plain", SPECIAL_REJECT) == ref.encode("plain")
+
+
+def _compare_corpus(name: str, docs: list[str]) -> int:
+    ref, tok = reference(name), teraio_encoding(name)
+    got = tok.encode_batch(docs, threads=2)
+    n_bytes = 0
+    for doc, ids in zip(docs, got):
+        want = ref.encode_ordinary(doc)
+        if ids != want:
+            i = next((k for k, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+            pytest.fail(f"{name}: first difference at token {i}: teraio {ids[i:i + 5]} tiktoken "
+                        f"{want[i:i + 5]} near {ref.decode(want[max(0, i - 5):i + 5])!r}")
+        n_bytes += len(doc.encode())
+    return n_bytes
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_real_text_sample(name):
+    docs = corpus(5_000_000, stride=5)
+    assert _compare_corpus(name, docs) >= 5_000_000
+    tok = teraio_encoding(name)
+    for doc in docs[:50]:
+        assert tok.decode(tok.encode(doc)) == doc
+
+
+@pytest.mark.skipif(not FULL, reason="full run: set TERAIO_TOK_FULL=1")
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_real_text_full(name):
+    docs = corpus(50_000_000)
+    n = _compare_corpus(name, docs)
+    print(f"\n{name}: identical ids on {n / 1e6:.1f} MB in {len(docs)} files", file=sys.stderr)
+    assert n >= 50_000_000
+
+
+def _code_point_snippet(c: str) -> str:
+    return f"x{c}x A{c}b 1{c}2 {c}{c} ,{c}. {c}\n{c}'s\t{c} \n"
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_every_code_point(name):
+    """Each code point in contexts where its class (letter, mark, number,
+    space, other) decides the split; compared in groups, then one by one."""
+    ref, tok = reference(name), teraio_encoding(name)
+    top = 0x110000 if FULL else 0x10000
+    cps = [c for c in range(top) if not 0xD800 <= c < 0xE000]
+    bad = []
+    for g in range(0, len(cps), 1024):
+        group = cps[g:g + 1024]
+        text = "".join(_code_point_snippet(chr(c)) for c in group)
+        if tok.encode(text) != ref.encode_ordinary(text):
+            bad += [c for c in group
+                    if tok.encode(_code_point_snippet(chr(c))) != ref.encode_ordinary(_code_point_snippet(chr(c)))]
+    assert not bad, [hex(c) for c in bad[:20]]
+
+
+def _runs(data: bytes):
+    """Maximal valid UTF-8 runs and maximal runs of bytes that start no
+    valid sequence, in order: (is_valid, bytes)."""
+    out, i = [], 0
+    while i < len(data):
+        try:
+            data[i:].decode("utf-8")
+            out.append((True, data[i:]))
+            break
+        except UnicodeDecodeError as e:
+            if e.start:
+                out.append((True, data[i:i + e.start]))
+            j = i + e.start
+            bad_start = j
+            while j < len(data):
+                try:
+                    data[j:j + 4].decode("utf-8")
+                    break
+                except UnicodeDecodeError as e2:
+                    if e2.start > 0:
+                        break
+                    if e2.reason == "unexpected end of data" and e2.end == len(data[j:j + 4]) and j + 4 < len(data):
+                        j += e2.end
+                        continue
+                    j += e2.end
+            out.append((False, data[bad_start:j]))
+            i = j
+    return out
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_invalid_utf8(name):
+    """Documented behaviour: each valid run is encoded as a text of its own,
+    each invalid run is one piece (tiktoken's _encode_single_piece);
+    decode gives the input back byte for byte."""
+    ref, tok = reference(name), teraio_encoding(name)
+    cases = [b"abc \xff\xfe def", b"\xc3", b"tail \xe4\xb8", b"\xed\xa0\x80 surrogate", b"\xc0\xaf overlong",
+             b"\xf4\x90\x80\x80 too big", b"ok\x80\x80\x80ok", "日本".encode() + b"\xff" + "語".encode(),
+             bytes(range(256)), b"\xff" * 100, b"x\n\xfe\n  y"]
+    for data in cases:
+        ids = tok.encode(data)
+        assert tok.decode_bytes(ids) == data
+        want = []
+        for valid, chunk in _runs(data):
+            want += ref.encode_ordinary(chunk.decode()) if valid else ref._encode_single_piece(chunk)
+        assert ids == want, data
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _hf_from_ranks(name: str, path: Path, llama3_style: bool) -> "tokenizers.Tokenizer":
+    """A byte-level BPE tokenizer.json from tiktoken ranks, the way
+    transformers converts them: vocab in GPT-2's byte alphabet; for each
+    token every split into two tokens, merges ordered by the token's rank."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, AddedToken
+
+    enc = reference(name)
+    ranks = tiktoken.load.load_tiktoken_bpe(str(SHARED / f"{name}.tiktoken"))
+    b2u = _bytes_to_unicode()
+    vocab = {"".join(b2u[b] for b in tok): rank for tok, rank in ranks.items()}
+    merges = []
+    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        local = [(tok[:k], tok[k:]) for k in range(1, len(tok)) if tok[:k] in ranks and tok[k:] in ranks]
+        local.sort(key=lambda ab: (ranks[ab[0]], ranks[ab[1]]))
+        merges += [("".join(b2u[x] for x in a), "".join(b2u[x] for x in b)) for a, b in local]
+    model = models.BPE(vocab, merges, ignore_merges=llama3_style)
+    t = tokenizers.Tokenizer(model)
+    if llama3_style:
+        t.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(enc._pat_str), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    t.decoder = decoders.ByteLevel()
+    t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in enc._special_tokens])
+    return t
+
+
+@pytest.mark.parametrize("name,llama3_style", [("r50k_base", False), ("cl100k_base", True)])
+def test_huggingface_tokenizer_json(tmp_path, name, llama3_style):
+    hf = _hf_from_ranks(name, SHARED, llama3_style)
+    path = tmp_path / "tokenizer.json"
+    hf.save(str(path))
+    tok = Tokenizer.huggingface(path)
+    docs = STRESS + ["a<|endoftext|>b <|endoftext|>"] + corpus(500_000, stride=37)
+    for doc in docs:
+        want = hf.encode(doc, add_special_tokens=False).ids
+        assert tok.encode(doc) == want, repr(doc[:80])
+    assert tok.decode(tok.encode("Grüße 👋 world")) == "Grüße 👋 world"
+    if name == "r50k_base":
+        # GPT-2's merges reproduce its ranks: same ids as tiktoken on text.
+        ref = reference(name)
+        for doc in docs[-20:]:
+            assert tok.encode(doc) == ref.encode_ordinary(doc)
+
+
+def test_batch_matches_single():
+    tok = teraio_encoding("cl100k_base")
+    docs = STRESS + corpus(300_000, stride=101)
+    want = [tok.encode(d) for d in docs]
+    for threads in (1, 2, 3):
+        assert tok.encode_batch(docs, threads=threads) == want
+
+
+def test_errors(tmp_path):
+    with pytest.raises(TeraioError) as err:
+        Tokenizer.encoding("gpt-5", SHARED)
+    assert "unknown encoding" in str(err.value)
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_bytes(b"YQ== 0\nnot base64 1\n")
+    with pytest.raises(TeraioError) as err:
+        Tokenizer.tiktoken(bad, r"\S+")
+    assert err.value.code == TIO_EPARSE and "bad.tiktoken:2" in str(err.value)
+    with pytest.raises(TeraioError):
+        Tokenizer.huggingface_json('{"model": {"type": "Unigram"}}')
+    tok = teraio_encoding("r50k_base")
+    with pytest.raises(TeraioError):
+        tok.decode([50257 + 10])
