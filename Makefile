@@ -6,7 +6,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 JOBS ?= $(shell nproc)
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
 .PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo bench clean
