@@ -347,23 +347,12 @@ static int encode_piece(encoder *e, const uint8_t *p, size_t n)
     const tio_tok *tok = e->tok;
     if (n == 1)
         return emit(e, tok->byte_id[p[0]]);
-    uint64_t h = 0;
-    if (n <= tok->max_piece_len) {
-        h = tok_hash(p, n);
-        uint32_t tag = (uint32_t)(h >> 32);
-        for (uint32_t i = (uint32_t)h & tok->piece_mask;; i = (i + 1) & tok->piece_mask) {
-            const tok_piece_slot *s = &tok->pieces[i];
-            if (s->id == TOK_NONE)
-                break;
-            if (s->tag == tag && tok->tok_len[s->id] == n &&
-                !memcmp(tok->arena + tok->tok_off[s->id], p, n))
-                return emit(e, s->id);
-        }
-    }
+    uint64_t h = tok_hash(p, n);
+    uint32_t id = tok_piece_lookup(tok, p, n, h);
+    if (id != TOK_NONE)
+        return emit(e, id);
     if (n > TIO_TOK_CACHE_PIECE_BYTES)
         return emit_merged(e, p, n);
-    if (!h)
-        h = tok_hash(p, n);
     cache_slot *slot = &e->ctx->cache[(h >> 20) & (TIO_TOK_CACHE_ENTRIES - 1)];
     if (slot->len == n && !memcmp(slot->bytes, p, n)) {
         if (e->n + slot->n_ids > e->cap)

@@ -33,9 +33,13 @@
 #define TOK_NONE UINT32_MAX
 #define TOK_MAX_STAGES 4
 
+/* One slot of the whole-piece table: the token's first bytes inline
+ * (tok_head), so most lookups touch one cache line and no arena. */
 typedef struct {
-    uint32_t id;  /* TOK_NONE: empty slot */
-    uint32_t tag; /* high 32 bits of the piece's hash */
+    uint64_t head; /* tok_head() of the token's bytes */
+    uint32_t id;   /* TOK_NONE: empty slot */
+    uint16_t len;  /* bytes (tokens are <= 65535) */
+    uint16_t tag;  /* bits 32..47 of the hash */
 } tok_piece_slot;
 
 typedef struct {
@@ -162,6 +166,43 @@ static inline uint64_t tok_hash(const uint8_t *p, size_t n)
     h ^= h >> 29;
     h *= 0x9e3779b97f4a7c15ull;
     return h ^ (h >> 32);
+}
+
+/* The first bytes of p[0..n) (n >= 1) as one word; for a given n, equal
+ * words mean equal bytes when n <= 8.  Bytes 1-3: first, middle, last;
+ * 4-7: two overlapping 4-byte loads; 8+: the first 8. */
+static inline uint64_t tok_head(const uint8_t *p, size_t n)
+{
+    if (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return v;
+    }
+    if (n >= 4) {
+        uint32_t a, b;
+        memcpy(&a, p, 4);
+        memcpy(&b, p + n - 4, 4);
+        return (uint64_t)a | ((uint64_t)b << 32);
+    }
+    return (uint64_t)p[0] | ((uint64_t)p[n / 2] << 8) | ((uint64_t)p[n - 1] << 16);
+}
+
+/* Id of the token whose bytes are p[0..n) (n >= 1), or TOK_NONE; h is
+ * tok_hash(p, n). */
+static inline uint32_t tok_piece_lookup(const tio_tok *tok, const uint8_t *p, size_t n, uint64_t h)
+{
+    if (n > tok->max_piece_len)
+        return TOK_NONE;
+    uint64_t head = tok_head(p, n);
+    uint16_t tag = (uint16_t)(h >> 32);
+    for (uint32_t i = (uint32_t)h & tok->piece_mask;; i = (i + 1) & tok->piece_mask) {
+        const tok_piece_slot *s = &tok->pieces[i];
+        if (s->id == TOK_NONE)
+            return TOK_NONE;
+        if (s->head == head && s->len == n && s->tag == tag &&
+            (n <= 8 || !memcmp(tok->arena + tok->tok_off[s->id] + 8, p + 8, n - 8)))
+            return s->id;
+    }
 }
 
 static inline uint64_t tok_pair_hash(uint64_t key)

@@ -79,18 +79,7 @@ static uint32_t table_size(size_t n)
 
 uint32_t tok_piece_find(const tio_tok *tok, const uint8_t *p, size_t n)
 {
-    if (n > tok->max_piece_len)
-        return TOK_NONE;
-    uint64_t h = tok_hash(p, n);
-    uint32_t tag = (uint32_t)(h >> 32);
-    for (uint32_t i = (uint32_t)h & tok->piece_mask;; i = (i + 1) & tok->piece_mask) {
-        const tok_piece_slot *s = &tok->pieces[i];
-        if (s->id == TOK_NONE)
-            return TOK_NONE;
-        if (s->tag == tag && tok->tok_len[s->id] == n &&
-            !memcmp(tok->arena + tok->tok_off[s->id], p, n))
-            return s->id;
-    }
+    return n ? tok_piece_lookup(tok, p, n, tok_hash(p, n)) : TOK_NONE;
 }
 
 int tok_build_pieces(tio_tok *tok, const uint8_t *is_special)
@@ -104,7 +93,7 @@ int tok_build_pieces(tio_tok *tok, const uint8_t *is_special)
     if (!tok->pieces)
         return tio_fail(-ENOMEM, "out of memory for the token table");
     for (uint32_t i = 0; i < size; i++)
-        tok->pieces[i] = (tok_piece_slot){TOK_NONE, 0};
+        tok->pieces[i] = (tok_piece_slot){0, TOK_NONE, 0, 0};
     tok->piece_mask = size - 1;
     tok->max_piece_len = 0;
     for (uint32_t id = 0; id < tok->n_ids; id++) {
@@ -121,7 +110,7 @@ int tok_build_pieces(tio_tok *tok, const uint8_t *is_special)
         uint32_t i = (uint32_t)h & tok->piece_mask;
         while (tok->pieces[i].id != TOK_NONE)
             i = (i + 1) & tok->piece_mask;
-        tok->pieces[i] = (tok_piece_slot){id, (uint32_t)(h >> 32)};
+        tok->pieces[i] = (tok_piece_slot){tok_head(p, len), id, (uint16_t)len, (uint16_t)(h >> 32)};
     }
     return 0;
 }
