@@ -12,15 +12,18 @@ sources): ``max(flops / (peak x eff), bytes / (bandwidth x eff)) + overhead``.
 Attention is FlashAttention (``aten._scaled_dot_product_flash_attention``),
 as PyTorch's SDPA runs it on an H100, so no seq x seq score matrix is kept.
 
-Per-GPU layout (2 GPUs, the paper's testbed), documented in docs/eval.md:
-FSDP-style sharding — each GPU holds half of every parameter, gradient and
-optimizer state (global tensors' bytes halved; the optimizer kernels, which
-touch only shards, take half the time) — and its own activations for a
-micro-batch of ``MICRO_TOKENS[model]`` tokens (``micro_tokens // seq``
-sequences; the rest of the global batch is gradient accumulation, which
-repeats the same kernels and does not change the peak).  The micro-batch
-sizes are the free parameter fitted so that traced peak memory per GPU
-matches the paper's M column; ``docs/eval.md`` lists the result.
+Per-GPU layout (2 GPUs, the paper's testbed), documented in docs/eval.md.
+The paper states neither its parallel layout nor its micro-batch; both are
+fitted to its M column.  ``SHARDS[model]``: 1 is data parallel (each GPU
+holds a full replica of the parameters, gradients and optimizer states —
+the 8B models), 2 is FSDP-style sharding (each GPU holds half of every
+global tensor and runs the optimizer on its half: global tensors' bytes and
+the optimizer kernels' times halved — Llama3-70B, whose replica alone would
+exceed the paper's M).  Each GPU keeps its own activations for a
+micro-batch of ``MICRO_BATCH[(model, batch, seq)]`` sequences; the rest of
+the global batch would be gradient accumulation over the same kernels,
+which does not change the peak (the trace is one micro-batch and the
+optimizer step).
 
 The profiler's trace is post-processed: kernels that only make views or read
 scalars (``aten.view``, ``aten.t``, ``aten._local_scalar_dense``...) are
@@ -72,18 +75,29 @@ MODELS = {
                         params=33_715_603_456),
 }
 
-GPUS = 2
+GPUS = 2  # the paper's testbed; each GPU traced alone, its share per SHARDS
 GPU_BYTES = 94_000_000_000  # H100 NVL, 94 GB (datasheet)
 
-# Tokens per GPU micro-batch, fitted to the paper's M column (docs/eval.md).
-MICRO_TOKENS = {
-    "llama3-8b": 8192,
-    "granite-8b": 16384,
-    "llama3-70b": 8192,
-    "granite-3b": 16384,
-    "granite-20b": 8192,
-    "granite-34b": 8192,
+# Sequences per GPU micro-batch for each of the paper's configurations
+# (model, global batch, sequence length).  The paper does not state its
+# micro-batch; it is the one free parameter of the layout, chosen per
+# configuration as the whole number of sequences whose traced peak memory
+# per GPU comes closest to the paper's M (docs/eval.md lists both).  The
+# rest of the global batch is gradient accumulation over the same kernels.
+MICRO_BATCH = {
+    ("llama3-8b", 32, 2048): 2, ("llama3-8b", 64, 2048): 2, ("llama3-8b", 128, 2048): 2,
+    ("llama3-8b", 64, 1024): 4, ("llama3-8b", 64, 4096): 1,
+    ("granite-8b", 32, 4096): 4, ("granite-8b", 64, 4096): 4, ("granite-8b", 128, 4096): 4,
+    ("granite-8b", 64, 2048): 8, ("granite-8b", 64, 8192): 2,
+    ("llama3-70b", 8, 2048): 2, ("llama3-70b", 16, 2048): 3, ("llama3-70b", 32, 2048): 5,
+    ("llama3-70b", 16, 3072): 3, ("llama3-70b", 16, 4096): 2,
 }
+# GPUs each global tensor is sharded over (1: data-parallel replica).
+SHARDS = {"llama3-8b": 1, "granite-8b": 1, "llama3-70b": 2}
+
+# Other shapes (and the Granite 3B/20B/34B models, which the paper's table
+# does not use): this many tokens per micro-batch.
+DEFAULT_MICRO_TOKENS = 8192
 
 # The paper's 18 configurations (DESIGN.md "Simulation and evaluation
 # protocol"): model, global batch, sequence length, and M (peak memory per
@@ -210,8 +224,10 @@ def build_model(name: str):
     return model
 
 
-def micro_batch(model: str, seq: int) -> int:
-    return max(1, MICRO_TOKENS[model] // seq)
+def micro_batch(model: str, batch: int, seq: int) -> int:
+    """Sequences per GPU micro-batch (never more than the global batch)."""
+    mb = MICRO_BATCH.get((model, batch, seq), max(1, DEFAULT_MICRO_TOKENS // seq))
+    return max(1, min(mb, batch))
 
 
 def trace_config(model: str, batch: int, seq: int, hw_path: str, out_path: str) -> dict:
@@ -224,7 +240,7 @@ def trace_config(model: str, batch: int, seq: int, hw_path: str, out_path: str) 
     net = build_model(model)
     n_params = sum(p.numel() for p in net.parameters())
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False, fused=False)
-    mb = micro_batch(model, seq)
+    mb = micro_batch(model, batch, seq)
     ids = torch.zeros(mb, seq, dtype=torch.long, device="meta")
 
     def step():
@@ -234,23 +250,24 @@ def trace_config(model: str, batch: int, seq: int, hw_path: str, out_path: str) 
         opt.step()
 
     step()  # creates gradients and optimizer states
-    prof = Profiler(net, opt, f"{model} batch={batch} seq={seq} micro={mb}x{seq} fsdp={GPUS}",
+    shards = SHARDS.get(model, GPUS)
+    prof = Profiler(net, opt, f"{model} batch={batch} seq={seq} micro={mb}x{seq} shards={shards}",
                     kernel_time=Roofline(hw))
     with prof.iteration():
         step()
-    tensors, kernels = shard_and_prune(prof._tensors, prof._kernels)
+    tensors, kernels = shard_and_prune(*prof.records(), shards=shards)
     tr = Trace.build(prof.name, tensors, kernels)
     tmp = out_path + ".part"
     tr.save(tmp)
     os.replace(tmp, out_path)
-    return {"model": model, "batch": batch, "seq": seq, "micro_batch": mb,
+    return {"model": model, "batch": batch, "seq": seq, "micro_batch": mb, "shards": shards,
             "params": n_params, "kernels": len(kernels), "tensors": len(tensors),
             "trace": out_path}
 
 
-def shard_and_prune(tensors: list, kernels: list):
-    """FSDP sharding of global tensors over GPUS, view kernels dropped,
-    untouched tensors dropped and ids renumbered."""
+def shard_and_prune(tensors: list, kernels: list, shards: int = GPUS):
+    """Global tensors sharded over `shards` GPUs (1: unchanged), view
+    kernels dropped, untouched tensors dropped and ids renumbered."""
     keep = [(n, d, acc) for n, d, acc in kernels if n not in VIEW_OPS]
     used = sorted({t for _, _, acc in keep for t, _ in acc})
     remap = {old: new for new, old in enumerate(used)}
@@ -258,12 +275,12 @@ def shard_and_prune(tensors: list, kernels: list):
     for old in used:
         nbytes, kind, glob, name = tensors[old]
         if glob:
-            nbytes = max(1, -(-nbytes // GPUS))
+            nbytes = max(1, -(-nbytes // shards))
         out_t.append((nbytes, kind, glob, name))
     out_k = []
     for n, d, acc in keep:
         if acc and all(tensors[t][2] for t, _ in acc):
-            d = d // GPUS  # optimizer kernels work on this GPU's shard only
+            d = d // shards  # optimizer kernels work on this GPU's shard only
         out_k.append((n, d, [(remap[t], m) for t, m in acc]))
     return out_t, out_k
 
@@ -280,7 +297,9 @@ def main(argv=None) -> int:
     if a.list:
         for m, b, s in PAPER_RUNS:
             print(json.dumps({"model": m, "batch": b, "seq": s,
-                              "paper_m_pct": round(paper_m(m, b, s), 1)}))
+                              "paper_m_pct": round(paper_m(m, b, s), 1),
+                              "micro_batch": micro_batch(m, b, s),
+                              "shards": SHARDS.get(m, GPUS)}))
         return 0
     if not (a.model and a.batch and a.seq and a.output):
         ap.error("--model, --batch, --seq and -o are required (or --list)")

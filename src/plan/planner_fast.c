@@ -9,9 +9,14 @@
  *    goes down, bandwidth budgets only go down (so the walks only get
  *    longer and the covered window shorter) and host use only goes up.  So
  *    a score computed in an earlier round is an upper bound.  Candidates sit
- *    in a max-heap keyed (score, bytes, -index) — Algorithm 1's order — and
- *    only the top is re-scored; if it still beats the next stale key it is
- *    the round's best, exactly as a full re-scan would find.
+ *    in a max-heap keyed (bound, bytes, -index) — Algorithm 1's order — and
+ *    are re-scored from the top until the best exact score found beats the
+ *    next bound: that candidate is the round's best, exactly as a full
+ *    re-scan would find.  Under Algorithm 1's tier rule (SSD whenever it
+ *    scores) a candidate's score can jump up to its host placement's when
+ *    the SSD one stops scoring, so the bound is the larger of the two
+ *    tiers' scores, each of which only falls; with that, the plan equals
+ *    planner.c's with or without a host tier (tests/c/test_sim.c).
  *  - Bandwidth walks by prefix sums.  Each channel's per-kernel budget is a
  *    Fenwick tree, so "first kernel where the cumulative budget reaches s"
  *    is a binary descent, O(log n).  Booking drains whole kernels, found by
@@ -500,17 +505,22 @@ static bool host_has_room(const fast *f, const tio_inactive_period *per)
            f->host_cap - per->bytes;
 }
 
-static placement place(const fast *f, const tio_inactive_period *per)
+/* This round's placement of `per` under the tier rule, and in *bound an
+ * upper bound on its score in every later round.  Algorithm 1's rule (SSD
+ * whenever the SSD placement scores, else the host tier) can raise a
+ * candidate's score when its SSD placement stops scoring, so the bound is
+ * the larger of the two tiers' scores, each of which only falls. */
+static placement place(const fast *f, const tio_inactive_period *per, uint64_t *bound)
 {
     placement ssd = place_on(f, per, CH_SSD_WRITE, CH_SSD_READ, TIO_TIER_SSD);
+    placement host = {.ok = false, .tier = TIO_TIER_HOST};
+    if (f->host_cap > 0 && host_has_room(f, per))
+        host = place_on(f, per, CH_HOST_WRITE, CH_HOST_READ, TIO_TIER_HOST);
+    uint64_t s = ssd.ok ? ssd.score_ns : 0, h = host.ok ? host.score_ns : 0;
+    *bound = s > h ? s : h;
     if (ssd.ok && !f->fopt.best_tier)
         return ssd;
-    if (f->host_cap == 0 || !host_has_room(f, per))
-        return ssd;
-    placement host = place_on(f, per, CH_HOST_WRITE, CH_HOST_READ, TIO_TIER_HOST);
-    if (host.ok && (!ssd.ok || host.score_ns > ssd.score_ns))
-        return host;
-    return ssd;
+    return host.ok && h > s ? host : ssd;
 }
 
 static int emit(fast *f, uint32_t tensor, tio_migration_kind kind, uint64_t trigger,
@@ -560,32 +570,52 @@ static bool movable(const fast *f, const tio_inactive_period *per)
     return mask == 0 || (mask >> f->trace->tensors[per->tensor].kind) & 1u;
 }
 
+/* Each round pops candidates in order of their score bounds, scoring each
+ * exactly, until the best exact score found ranks above the next bound:
+ * no candidate left in the heap can beat it, so it is the candidate a full
+ * re-scan would pick (same order: score, then size, then earlier period).
+ * The others popped go back keyed by their new bounds. */
 static int fast_rounds(fast *f)
 {
     const tio_lifetime *lt = f->lt;
+    heap_item *popped = malloc(((size_t)lt->n_periods + 1) * sizeof *popped);
+    if (!popped)
+        return tio_fail(-ENOMEM, "out of memory for %u planning candidates", lt->n_periods);
     for (uint32_t i = 0; i < lt->n_periods; i++) {
         if (!movable(f, &lt->periods[i]))
             continue;
-        placement pl = place(f, &lt->periods[i]);
-        if (pl.ok)
-            heap_push(f, (heap_item){pl.score_ns, lt->periods[i].bytes, i});
+        uint64_t bound;
+        place(f, &lt->periods[i], &bound);
+        if (bound > 0)
+            heap_push(f, (heap_item){bound, lt->periods[i].bytes, i});
     }
-    while (f->heap_n > 0 && f->over.min_over[1] != UINT64_MAX) {
-        heap_item top = heap_pop(f);
-        const tio_inactive_period *per = &lt->periods[top.index];
-        placement pl = place(f, per);
-        if (!pl.ok)
-            continue;
-        heap_item now = {pl.score_ns, top.bytes, top.index};
-        if (f->heap_n > 0 && heap_less(&now, &f->heap[0])) {
-            heap_push(f, now);
-            continue;
+    int rc = 0;
+    while (f->heap_n > 0 && f->over.min_over[1] != UINT64_MAX && !rc) {
+        uint32_t n_popped = 0;
+        heap_item best = {0, 0, 0};
+        placement best_pl = {.ok = false};
+        while (f->heap_n > 0 && !(best_pl.ok && heap_less(&f->heap[0], &best))) {
+            heap_item top = heap_pop(f);
+            uint64_t bound;
+            placement pl = place(f, &lt->periods[top.index], &bound);
+            if (bound == 0)
+                continue; /* no placement now, hence none later */
+            heap_item now = {pl.score_ns, top.bytes, top.index};
+            if (pl.ok && (!best_pl.ok || heap_less(&best, &now))) {
+                best = now;
+                best_pl = pl;
+            }
+            popped[n_popped++] = (heap_item){bound, top.bytes, top.index};
         }
-        int rc = apply(f, per, &pl);
-        if (rc)
-            return rc;
+        if (!best_pl.ok)
+            break;
+        for (uint32_t i = 0; i < n_popped; i++)
+            if (popped[i].index != best.index)
+                heap_push(f, popped[i]);
+        rc = apply(f, &lt->periods[best.index], &best_pl);
     }
-    return 0;
+    free(popped);
+    return rc;
 }
 
 static void fast_free(fast *f)

@@ -4,12 +4,16 @@
  * The compute stream runs kernels in order.  A plan's offload/prefetch
  * pair of one inactive period keeps the tensor off the device over
  * [k_off, k_pre); at kernel_begin(trigger) a migration is queued on its
- * channel (SSD or host, write or read), which serves transfers one at a
- * time in the order they were issued, each taking latency + bytes /
- * bandwidth; a kernel starts when the compute stream is free and every
- * migration whose deadline is that kernel is done (the offload must be
- * done before its memory is released, the prefetch before the tensor is
- * used).  Time lost that way is stall.
+ * channel (SSD or host, write or read).  A transfer needs latency + bytes /
+ * bandwidth of its channel's time; a channel serves its queued transfers
+ * earliest deadline first, preemptively (transfers move in chunks of a few
+ * MiB, and the runtime submits the chunk of the queued migration whose
+ * deadline kernel comes first; ties in issue order).  That is the order in
+ * which the planner booked each kernel's bandwidth, and on one channel it
+ * meets every deadline that any order meets.  A kernel starts when the
+ * compute stream is free and every migration whose deadline is that kernel
+ * is done (the offload must be done before its memory is released, the
+ * prefetch before the tensor is used).  Time lost that way is stall.
  *
  * The timeline is unrolled over iterations -1 .. 2: pairs of iteration -1
  * stand for the previous iteration (their transfers issued before time 0
@@ -21,7 +25,8 @@
  * off the device), computed here from the pairs.  Where M'[k] exceeds the
  * capacity, the excess is swapped on demand: a rise of the excess by x
  * bytes costs a synchronous SSD write of x before the kernel, a fall a
- * synchronous read of x, both stall, and an excess present at every kernel
+ * synchronous read of x (both served ahead of every queued transfer), both
+ * stall, and an excess present at every kernel
  * is written and read once per iteration; the resident peak therefore never
  * exceeds the capacity and every byte above it is paid for.
  */
@@ -40,7 +45,85 @@ typedef struct {
     uint64_t bytes;
     int channel;
     double done_ns;
+    double left_ns;          /* service time still owed while queued */
+    uint32_t seq;            /* issue order, breaks deadline ties */
 } sim_event;
+
+/* One channel: a min-heap of queued transfers by (deadline, issue order),
+ * and the time up to which its service has been simulated. */
+typedef struct {
+    sim_event **heap;
+    uint32_t n;
+    double now_ns;
+} sim_channel;
+
+static bool ev_before(const sim_event *a, const sim_event *b)
+{
+    return a->due_g != b->due_g ? a->due_g < b->due_g : a->seq < b->seq;
+}
+
+static void chan_push(sim_channel *c, sim_event *e)
+{
+    uint32_t i = c->n++;
+    c->heap[i] = e;
+    while (i > 0 && ev_before(c->heap[i], c->heap[(i - 1) / 2])) {
+        sim_event *t = c->heap[i];
+        c->heap[i] = c->heap[(i - 1) / 2];
+        c->heap[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+static void chan_pop(sim_channel *c)
+{
+    c->heap[0] = c->heap[--c->n];
+    uint32_t i = 0;
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < c->n && ev_before(c->heap[l], c->heap[m]))
+            m = l;
+        if (r < c->n && ev_before(c->heap[r], c->heap[m]))
+            m = r;
+        if (m == i)
+            break;
+        sim_event *t = c->heap[i];
+        c->heap[i] = c->heap[m];
+        c->heap[m] = t;
+        i = m;
+    }
+}
+
+/* Serve queued transfers, most urgent first, up to time t. */
+static void chan_advance(sim_channel *c, double t)
+{
+    while (c->n > 0 && c->now_ns < t) {
+        sim_event *e = c->heap[0];
+        if (c->now_ns + e->left_ns <= t) {
+            c->now_ns += e->left_ns;
+            e->left_ns = 0;
+            e->done_ns = c->now_ns;
+            chan_pop(c);
+        } else {
+            e->left_ns -= t - c->now_ns;
+            c->now_ns = t;
+        }
+    }
+    if (c->now_ns < t)
+        c->now_ns = t;
+}
+
+/* Finish every queued transfer due at or before global kernel g (they are
+ * the most urgent, so they are served first). */
+static void chan_finish_due(sim_channel *c, int64_t g)
+{
+    while (c->n > 0 && c->heap[0]->due_g <= g) {
+        sim_event *e = c->heap[0];
+        c->now_ns += e->left_ns;
+        e->left_ns = 0;
+        e->done_ns = c->now_ns;
+        chan_pop(c);
+    }
+}
 
 typedef struct {
     uint32_t tensor;
@@ -222,10 +305,12 @@ static int add_events(const sim_pair *pairs, uint32_t np, uint32_t n, sim_event 
         bool ssd = p->tier == TIO_TIER_SSD;
         for (int it = -1; it < ITERATIONS; it++) {
             int64_t base = (int64_t)it * n;
-            ev[ne++] = (sim_event){base + (int64_t)p->trigger_k, base + (int64_t)p->off_k,
-                                   p->bytes, ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE, 0};
-            ev[ne++] = (sim_event){base + (int64_t)p->pre_k, base + (int64_t)p->due_k, p->bytes,
-                                   ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ, 0};
+            ev[ne++] = (sim_event){.issue_g = base + (int64_t)p->trigger_k,
+                                   .due_g = base + (int64_t)p->off_k, .bytes = p->bytes,
+                                   .channel = ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE};
+            ev[ne++] = (sim_event){.issue_g = base + (int64_t)p->pre_k,
+                                   .due_g = base + (int64_t)p->due_k, .bytes = p->bytes,
+                                   .channel = ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ};
         }
     }
     *out = ev;
@@ -261,11 +346,23 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         free(by_due);
         return tio_fail(-ENOMEM, "out of memory for %u simulated transfers", ne);
     }
+    sim_channel ch[TIO_CH_N];
+    memset(ch, 0, sizeof ch);
+    for (int c = 0; c < TIO_CH_N; c++)
+        if (!(ch[c].heap = malloc(((size_t)ne + 1) * sizeof *ch[c].heap))) {
+            for (int d = 0; d < c; d++)
+                free(ch[d].heap);
+            free(by_issue);
+            free(by_due);
+            return tio_fail(-ENOMEM, "out of memory for %u simulated transfers", ne);
+        }
     for (uint32_t i = 0; i < ne; i++)
         by_issue[i] = by_due[i] = &ev[i];
     qsort(by_issue, ne, sizeof *by_issue, cmp_issue);
     qsort(by_due, ne, sizeof *by_due, cmp_due);
-    double ch_free[TIO_CH_N] = {0}, gbps[TIO_CH_N], lat[TIO_CH_N];
+    for (uint32_t i = 0; i < ne; i++)
+        by_issue[i]->seq = i;
+    double gbps[TIO_CH_N], lat[TIO_CH_N];
     for (int c = 0; c < TIO_CH_N; c++) {
         gbps[c] = tio_sim_channel_gbps(hw, c);
         lat[c] = tio_sim_latency_ns(hw, c);
@@ -286,6 +383,10 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         if (k == 0)
             iter_start = t;
         double start = t;
+        for (int c = 0; c < TIO_CH_N; c++) {
+            chan_advance(&ch[c], t);
+            chan_finish_due(&ch[c], g);
+        }
         while (pd < ne && by_due[pd]->due_g < g)
             pd++;
         for (; pd < ne && by_due[pd]->due_g == g; pd++)
@@ -298,9 +399,9 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
             /* an excess at every kernel still has to leave and come back
              * once per iteration for the kernels that use it */
             for (int c = TIO_CH_SSD_WRITE; c <= TIO_CH_SSD_READ; c++) {
-                double s0 = start > ch_free[c] ? start : ch_free[c];
-                ch_free[c] = s0 + lat[c] + (double)floor_over / gbps[c];
-                start = ch_free[c];
+                chan_advance(&ch[c], start);
+                ch[c].now_ns += lat[c] + (double)floor_over / gbps[c];
+                start = ch[c].now_ns;
                 if (last) {
                     r->bytes[c] += floor_over;
                     r->busy_ns[c] += (double)floor_over / gbps[c];
@@ -310,9 +411,9 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         if (over != over_prev) {
             int c = over > over_prev ? TIO_CH_SSD_WRITE : TIO_CH_SSD_READ;
             uint64_t x = over > over_prev ? over - over_prev : over_prev - over;
-            double s0 = start > ch_free[c] ? start : ch_free[c];
-            ch_free[c] = s0 + lat[c] + (double)x / gbps[c];
-            start = ch_free[c];
+            chan_advance(&ch[c], start);
+            ch[c].now_ns += lat[c] + (double)x / gbps[c];
+            start = ch[c].now_ns;
             if (last) {
                 r->bytes[c] += x;
                 r->busy_ns[c] += (double)x / gbps[c];
@@ -329,11 +430,12 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
             if (over > r->overflow_bytes)
                 r->overflow_bytes = over;
         }
+        for (int c = 0; c < TIO_CH_N; c++)
+            chan_advance(&ch[c], start);
         for (; pi < ne && by_issue[pi]->issue_g == g; pi++) {
             sim_event *e = by_issue[pi];
-            double s0 = start > ch_free[e->channel] ? start : ch_free[e->channel];
-            e->done_ns = s0 + lat[e->channel] + (double)e->bytes / gbps[e->channel];
-            ch_free[e->channel] = e->done_ns;
+            e->left_ns = lat[e->channel] + (double)e->bytes / gbps[e->channel];
+            chan_push(&ch[e->channel], e);
             if (last) {
                 r->bytes[e->channel] += e->bytes;
                 r->busy_ns[e->channel] += (double)e->bytes / gbps[e->channel];
@@ -343,6 +445,8 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
     }
     r->iteration_ns = (uint64_t)(t - iter_start + 0.5);
     r->stall_ns = (uint64_t)ceil(stall); /* any wait, however short, shows */
+    for (int c = 0; c < TIO_CH_N; c++)
+        free(ch[c].heap);
     free(by_issue);
     free(by_due);
     return 0;

@@ -135,6 +135,13 @@ class Profiler:
     def n_kernels(self) -> int:
         return len(self._kernels)
 
+    def records(self) -> tuple[list, list]:
+        """The last profiled iteration as plain data, for post-processing
+        before Trace.build: tensors as (bytes, kind, global, name) tuples and
+        kernels as (name, duration_ns, [(tensor_id, mode), ...]) tuples (the
+        lists are copies)."""
+        return [tuple(t) for t in self._tensors], [(n, d, list(a)) for n, d, a in self._kernels]
+
     def trace(self) -> Trace:
         """The last profiled iteration as a libteraio trace."""
         if not self._kernels:
