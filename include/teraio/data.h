@@ -73,21 +73,45 @@ extern "C" {
 #endif
 
 /* ---- tokenizer interface --------------------------------------------------
- * JSONL text is turned into ids through this table.  `encode` writes at most
- * `cap` ids of `text` (`len` bytes of UTF-8, not NUL-terminated) into `ids`
- * and returns the number of ids the text needs (which may exceed `cap`: the
- * caller grows its buffer and calls again), or a negative error code.  It is
- * called from loader threads, several at once: it must be thread-safe.
- * `name` identifies the vocabulary and enters the state fingerprint. */
+ * JSONL text is turned into ids through this table.  `encode` writes the ids
+ * of `text` (`len` bytes of UTF-8, not NUL-terminated) into `ids` (room for
+ * `cap`) and returns their count; when `cap` is too small it returns instead
+ * a number greater than `cap` that is enough (the caller grows its buffer
+ * to it and calls again), or a negative error code.  It is called from
+ * loader and tokenizer threads, several at once: it must be thread-safe.
+ * `name` identifies the vocabulary and enters the loader's state
+ * fingerprint, so a state saved under one tokenizer does not load under
+ * another.  `vocab_size` is one past the highest id (0: unknown). */
 typedef struct tio_data_tokenizer {
     const char *name;
     void *ctx;
     int64_t (*encode)(void *ctx, const char *text, size_t len, uint32_t *ids, size_t cap);
+    uint32_t vocab_size;
 } tio_data_tokenizer;
 
 /* The byte-level tokenizer: each byte b becomes id b (0..255); name "bytes".
  * Static; never NULL. */
 TIO_API const tio_data_tokenizer *tio_data_tokenizer_bytes(void);
+
+/* Open a tokenizer by `spec`:
+ *   "bytes"                    the byte-level tokenizer above;
+ *   "r50k_base", "p50k_base", "cl100k_base", "o200k_base"
+ *                              a built-in BPE encoding of teraio/tok.h (its
+ *                              rank file found as tio_tok_encoding_path(spec,
+ *                              dir) says); name = spec;
+ *   a path ending in ".json"   a Hugging Face tokenizer.json (tio_tok_load_hf);
+ *                              name = "hf:" + 16 hex digits of a hash of the
+ *                              file's bytes, so an edited file is another
+ *                              vocabulary.
+ * Special-token strings in the text are encoded as ordinary text
+ * (TIO_TOK_SPECIAL_TEXT: tiktoken's encode_ordinary).  `dir` may be NULL.
+ * *out is closed with tio_data_tokenizer_close.  Errors: -ENOENT (unknown
+ * spec or missing file, named), those of tio_tok_load_encoding /
+ * tio_tok_load_hf (TIO_EPARSE, -ENOTSUP when built without PCRE2), -ENOMEM. */
+TIO_API int tio_data_tokenizer_open(const char *spec, const char *dir, tio_data_tokenizer **out);
+/* Free a tokenizer from tio_data_tokenizer_open (the bytes tokenizer and
+ * NULL are no-ops).  No dataset may still use it. */
+TIO_API void tio_data_tokenizer_close(tio_data_tokenizer *tok);
 
 /* ---- dataset ------------------------------------------------------------- */
 enum { TIO_DATA_JSONL_ERROR = 0, TIO_DATA_JSONL_SKIP = 1 };
@@ -100,6 +124,10 @@ typedef struct tio_dataset_options {
                             as an empty document and counted (tio_dataset_info) */
     int64_t llmc_delimiter; /* llm.c document delimiter; -1: 50256 for magic
                                20240520, 128000 for 20240801 */
+    uint32_t tokenizer_threads; /* threads that tokenize a JSONL file when a
+                                   reader loads it (lines are handed out in
+                                   chunks); 0: min(4, online CPUs); 1: none
+                                   besides the reading thread */
 } tio_dataset_options;
 
 /* Defaults described above. */
@@ -138,6 +166,15 @@ TIO_API int tio_dataset_info(const tio_dataset *ds, uint32_t i, tio_data_subdata
 TIO_API const char *tio_dataset_file_path(const tio_dataset *ds, uint32_t sub, uint32_t file);
 /* Number of documents of one file, or a negative error. */
 TIO_API int64_t tio_dataset_file_docs(const tio_dataset *ds, uint32_t sub, uint32_t file);
+
+/* Call fn(arg, doc, ids, n) for each document of one file in order (ids
+ * valid during the call only; n may be 0), through one reader, so a JSONL
+ * file is decompressed and tokenized once.  Stops at the first non-zero
+ * value of fn and returns it.  Errors: those of tio_dataset_read_doc.
+ * Thread-safe (one file per thread at a time is the intended use). */
+typedef int (*tio_data_doc_fn)(void *arg, uint64_t doc, const uint32_t *ids, uint64_t n);
+TIO_API int tio_dataset_scan_file(tio_dataset *ds, uint32_t sub, uint32_t file, tio_data_doc_fn fn,
+                                  void *arg);
 
 /* Read document `doc` of file `file` of sub-dataset `sub` as token ids into
  * *ids (malloc'ed, caller frees; *ids may be NULL when *n is 0).

@@ -27,12 +27,12 @@ from ._lib import TeraioError, check, lib
 log = logging.getLogger("teraio.data")
 
 class _Tokenizer(Structure):
-    _fields_ = [("name", c_char_p), ("ctx", c_void_p), ("encode", c_void_p)]
+    _fields_ = [("name", c_char_p), ("ctx", c_void_p), ("encode", c_void_p), ("vocab_size", c_uint32)]
 
 
 class _DatasetOptions(Structure):
     _fields_ = [("tokenizer", POINTER(_Tokenizer)), ("text_field", c_char_p), ("jsonl_errors", c_int),
-                ("llmc_delimiter", c_int64)]
+                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32)]
 
 
 class _LoaderOptions(Structure):

@@ -20,6 +20,7 @@ static const struct subcommand commands[] = {
     {"eval", cmd_eval, "eval paper [--json] [--svg DIR] | eval trace TRACE --hw PROFILE | eval demo SUMMARY  simulate offloading strategies"},
     {"plan", cmd_plan, "plan TRACE --capacity BYTES [--ssd-read-gbps R] [--ssd-write-gbps W] [--host-cap BYTES] -o PLAN"},
     {"bench", cmd_bench, "bench io [--dir DIR ...] [--size BYTES] [--bs BYTES] [--qd N] [--runs N] [--json]  engine vs fio"},
+    {"data", cmd_data, "data inspect DIR | data ingest SRC OUT [--tokenizer SPEC] | data bench DIR [--seq-len N] [--json]  the data loader"},
     {"check", cmd_check, "check TRACE PLAN        does PLAN apply to TRACE? planned peak vs capacity"},
     {"tokenize", cmd_tokenize, "tokenize --encoding NAME|--file PATH [--ids|--decode|--bench] FILE  byte-level BPE tokens (tiktoken / HF ids)"},
 };

@@ -8,6 +8,7 @@
 #define TERAIO_DATA_INTERNAL_H
 
 #include <pthread.h>
+#include <string.h>
 #include "teraio/data.h"
 
 enum { FMT_MEGATRON = 1, FMT_LLMC = 2, FMT_ARROW = 3, FMT_JSONL = 4 };
@@ -30,8 +31,19 @@ typedef struct {
  * (UINT64_MAX: do not check).  `name` is used in messages. */
 int tio_mmidx_parse(const uint8_t *buf, size_t len, uint64_t bin_bytes, const char *name,
                     tio_mmidx *out);
-uint64_t tio_mmidx_u64(const uint8_t *p, uint64_t i);
-uint32_t tio_mmidx_u32(const uint8_t *p, uint64_t i);
+/* Element i of a little-endian int64 / int32 array at p (any alignment). */
+static inline uint64_t tio_mmidx_u64(const uint8_t *p, uint64_t i)
+{
+    uint64_t v;
+    memcpy(&v, p + 8 * i, 8);
+    return v;
+}
+static inline uint32_t tio_mmidx_u32(const uint8_t *p, uint64_t i)
+{
+    uint32_t v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+}
 
 /* llm.c shard: validate the header; *width 2 or 4, *n_tokens; delimiter
  * default from the magic. */

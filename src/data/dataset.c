@@ -536,9 +536,16 @@ int64_t tio_dataset_file_docs(const tio_dataset *ds, uint32_t sub, uint32_t file
     return (int64_t)ds->subs[sub].files[file].n_docs;
 }
 
-/* ---- readers ------------------------------------------------------------- */
+/* ---- readers -------------------------------------------------------------
+ * A reader keeps the last JSONL_CACHE JSONL files it touched, each
+ * decompressed and tokenized whole when loaded: its non-blank lines are
+ * handed out in chunks of JSONL_CHUNK to up to `tokenizer_threads` threads
+ * (the reading thread among them), each chunk's ids kept in one array.  A
+ * line whose JSON is malformed is marked; reading it reports the error (or,
+ * with TIO_DATA_JSONL_SKIP, reads as an empty document and is counted).  The
+ * result does not depend on the thread count. */
 
-enum { JSONL_CACHE = 4 };
+enum { JSONL_CACHE = 4, JSONL_CHUNK = 64 };
 
 typedef struct {
     uint32_t sub, file;
@@ -546,20 +553,26 @@ typedef struct {
     uint64_t tick;
     char *buf;
     size_t len;
-    uint64_t *lines; /* start, end per document */
+    uint64_t *lines;    /* start, end byte per document */
     uint64_t n_lines;
+    uint32_t **chunk_ids; /* per chunk of JSONL_CHUNK lines */
+    uint64_t *id_off;   /* per line: first id in its chunk's array */
+    uint64_t *id_len;   /* per line: ids */
+    int *line_rc;       /* per line: 0 or TIO_EPARSE */
 } jsonl_entry;
 
 struct tio_data_reader {
     tio_dataset *ds;
     jsonl_entry cache[JSONL_CACHE];
     uint64_t tick;
-    /* tokenized current JSONL document */
-    bool doc_valid;
-    uint32_t doc_sub, doc_file;
-    uint64_t doc_idx;
-    uint32_t *ids;
-    size_t ids_cap, n_ids;
+    /* the last document whose length was asked (asked again to read it) */
+    bool len_valid;
+    uint32_t len_sub, len_file;
+    uint64_t len_doc, len_n;
+    /* the malformed line last counted as skipped (not counted twice in a row) */
+    bool skip_valid;
+    uint32_t skip_sub, skip_file;
+    uint64_t skip_doc;
 };
 
 int tio_data_reader_create(tio_dataset *ds, tio_data_reader **out)
@@ -573,6 +586,13 @@ int tio_data_reader_create(tio_dataset *ds, tio_data_reader **out)
 
 static void entry_free(jsonl_entry *e)
 {
+    if (e->chunk_ids)
+        for (uint64_t c = 0; c < (e->n_lines + JSONL_CHUNK - 1) / JSONL_CHUNK; c++)
+            free(e->chunk_ids[c]);
+    free(e->chunk_ids);
+    free(e->id_off);
+    free(e->id_len);
+    free(e->line_rc);
     free(e->buf);
     free(e->lines);
     memset(e, 0, sizeof *e);
@@ -584,8 +604,124 @@ void tio_data_reader_destroy(tio_data_reader *r)
         return;
     for (int i = 0; i < JSONL_CACHE; i++)
         entry_free(&r->cache[i]);
-    free(r->ids);
     free(r);
+}
+
+/* Work shared by the threads tokenizing one file. */
+typedef struct {
+    tio_dataset *ds;
+    tio_data_file *f;
+    jsonl_entry *e;
+    uint64_t next_chunk, n_chunks; /* atomic */
+    int rc;                        /* first error (atomic: 0 until set) */
+    char msg[1024];
+    pthread_mutex_t lock;
+} tok_job;
+
+static int tokenize_chunk(tok_job *job, uint64_t c)
+{
+    jsonl_entry *e = job->e;
+    const tio_data_tokenizer *tok = job->ds->opts.tokenizer;
+    uint64_t a = c * JSONL_CHUNK, b = a + JSONL_CHUNK < e->n_lines ? a + JSONL_CHUNK : e->n_lines;
+    size_t cap = 0, used = 0;
+    uint32_t *ids = NULL;
+    int rc = 0;
+    for (uint64_t l = a; l < b && !rc; l++) {
+        char *text = NULL;
+        size_t tlen = 0;
+        e->id_off[l] = used;
+        e->id_len[l] = 0;
+        rc = tio_jsonl_text(e->buf + e->lines[2 * l], e->lines[2 * l + 1] - e->lines[2 * l],
+                            job->ds->text_field, job->f->rel, &text, &tlen);
+        if (rc == TIO_EPARSE) {
+            e->line_rc[l] = rc;
+            rc = 0;
+            tio_clear_error();
+            continue;
+        }
+        for (size_t want = tlen; !rc;) {
+            if (used + want > cap) {
+                size_t nc = cap * 2 > used + want ? cap * 2 : used + want;
+                uint32_t *p = realloc(ids, (nc ? nc : 1) * sizeof *p);
+                if (!p) {
+                    rc = tio_fail(-ENOMEM, "%s: out of memory", job->f->rel);
+                    break;
+                }
+                ids = p;
+                cap = nc;
+            }
+            int64_t n = tok->encode(tok->ctx, text, tlen, ids + used, cap - used);
+            if (n < 0) {
+                rc = tio_fail((int)n, "%s: line %llu: tokenizer '%s' failed: %s", job->f->rel,
+                              (unsigned long long)l + 1, tok->name, tio_strerror((int)n));
+            } else if ((size_t)n <= cap - used) {
+                e->id_len[l] = (uint64_t)n;
+                used += (size_t)n;
+                break;
+            } else {
+                want = (size_t)n;
+            }
+        }
+        free(text);
+    }
+    e->chunk_ids[c] = ids;
+    return rc;
+}
+
+static void *tokenize_worker(void *arg)
+{
+    tok_job *job = arg;
+    for (;;) {
+        uint64_t c = __atomic_fetch_add(&job->next_chunk, 1, __ATOMIC_RELAXED);
+        if (c >= job->n_chunks || __atomic_load_n(&job->rc, __ATOMIC_RELAXED))
+            break;
+        int rc = tokenize_chunk(job, c);
+        if (rc) {
+            pthread_mutex_lock(&job->lock);
+            if (!job->rc) {
+                snprintf(job->msg, sizeof job->msg, "%s", tio_last_error());
+                __atomic_store_n(&job->rc, rc, __ATOMIC_RELAXED);
+            }
+            pthread_mutex_unlock(&job->lock);
+            break;
+        }
+    }
+    return NULL;
+}
+
+static unsigned tokenizer_threads(const tio_dataset *ds, uint64_t n_chunks)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned t = ds->opts.tokenizer_threads;
+    if (t == 0)
+        t = cpus < 1 ? 1 : cpus > 4 ? 4 : (unsigned)cpus;
+    if (t > 64)
+        t = 64;
+    return n_chunks < t ? (unsigned)(n_chunks ? n_chunks : 1) : t;
+}
+
+static int jsonl_tokenize(tio_dataset *ds, tio_data_file *f, jsonl_entry *e)
+{
+    uint64_t n = e->n_lines, chunks = (n + JSONL_CHUNK - 1) / JSONL_CHUNK;
+    e->chunk_ids = calloc(chunks ? chunks : 1, sizeof *e->chunk_ids);
+    e->id_off = malloc((n ? n : 1) * sizeof *e->id_off);
+    e->id_len = malloc((n ? n : 1) * sizeof *e->id_len);
+    e->line_rc = calloc(n ? n : 1, sizeof *e->line_rc);
+    if (!e->chunk_ids || !e->id_off || !e->id_len || !e->line_rc)
+        return tio_fail(-ENOMEM, "%s: out of memory", f->rel);
+    tok_job job = {.ds = ds, .f = f, .e = e, .n_chunks = chunks};
+    pthread_mutex_init(&job.lock, NULL);
+    pthread_t th[64];
+    unsigned want = tokenizer_threads(ds, chunks), started = 0;
+    while (started + 1 < want && pthread_create(&th[started], NULL, tokenize_worker, &job) == 0)
+        started++;
+    tokenize_worker(&job);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&job.lock);
+    if (job.rc)
+        return tio_fail(job.rc, "%s", job.msg);
+    return 0;
 }
 
 static int jsonl_load(tio_data_reader *r, uint32_t sub, uint32_t file, jsonl_entry **out)
@@ -637,6 +773,10 @@ static int jsonl_load(tio_data_reader *r, uint32_t sub, uint32_t file, jsonl_ent
                         (unsigned long long)n, (unsigned long long)cap);
     }
     victim->n_lines = n;
+    if ((rc = jsonl_tokenize(r->ds, f, victim)) != 0) {
+        entry_free(victim);
+        return rc;
+    }
     victim->used = true;
     victim->sub = sub;
     victim->file = file;
@@ -645,55 +785,42 @@ static int jsonl_load(tio_data_reader *r, uint32_t sub, uint32_t file, jsonl_ent
     return 0;
 }
 
-static int jsonl_doc(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc)
+/* A JSONL document's ids (*ids NULL when it has none). */
+static int jsonl_doc(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
+                     const uint32_t **ids, uint64_t *n)
 {
-    if (r->doc_valid && r->doc_sub == sub && r->doc_file == file && r->doc_idx == doc)
-        return 0;
-    r->doc_valid = false;
     jsonl_entry *e = NULL;
     int rc = jsonl_load(r, sub, file, &e);
     if (rc)
         return rc;
     tio_dataset *ds = r->ds;
-    tio_data_file *f = &ds->subs[sub].files[file];
-    char where[4200];
-    snprintf(where, sizeof where, "%s: line %llu (document %llu)", f->rel,
-             (unsigned long long)doc + 1, (unsigned long long)doc);
-    char *text = NULL;
-    size_t tlen = 0;
-    const char *line = e->buf + e->lines[2 * doc];
-    size_t llen = e->lines[2 * doc + 1] - e->lines[2 * doc];
-    rc = tio_jsonl_text(line, llen, ds->text_field, where, &text, &tlen);
-    if (rc == TIO_EPARSE && ds->opts.jsonl_errors == TIO_DATA_JSONL_SKIP) {
-        __atomic_fetch_add(&ds->subs[sub].lines_skipped, 1, __ATOMIC_RELAXED);
-        tio_log(TIO_LOG_WARN, "skipped: %s", tio_last_error());
-        tio_clear_error();
-        r->n_ids = 0;
-    } else if (rc) {
-        return rc;
-    } else {
-        const tio_data_tokenizer *tok = ds->opts.tokenizer;
-        int64_t n = tok->encode(tok->ctx, text, tlen, r->ids, r->ids_cap);
-        if (n > (int64_t)r->ids_cap) {
-            uint32_t *p = realloc(r->ids, (size_t)n * sizeof *p);
-            if (!p) {
-                free(text);
-                return tio_fail(-ENOMEM, "%s: out of memory", where);
-            }
-            r->ids = p;
-            r->ids_cap = (size_t)n;
-            n = tok->encode(tok->ctx, text, tlen, r->ids, r->ids_cap);
-        }
+    if (e->line_rc[doc]) {
+        /* parse again for the message naming the column */
+        tio_data_file *f = &ds->subs[sub].files[file];
+        char where[4200], *text = NULL;
+        size_t tlen;
+        snprintf(where, sizeof where, "%s: line %llu (document %llu)", f->rel,
+                 (unsigned long long)doc + 1, (unsigned long long)doc);
+        rc = tio_jsonl_text(e->buf + e->lines[2 * doc], e->lines[2 * doc + 1] - e->lines[2 * doc],
+                            ds->text_field, where, &text, &tlen);
         free(text);
-        if (n < 0)
-            return tio_fail((int)n, "%s: tokenizer '%s' failed: %s", where, tok->name,
-                            tio_strerror((int)n));
-        r->n_ids = (size_t)n;
+        if (ds->opts.jsonl_errors != TIO_DATA_JSONL_SKIP)
+            return rc;
+        if (!(r->skip_valid && r->skip_sub == sub && r->skip_file == file && r->skip_doc == doc)) {
+            __atomic_fetch_add(&ds->subs[sub].lines_skipped, 1, __ATOMIC_RELAXED);
+            tio_log(TIO_LOG_WARN, "skipped: %s", tio_last_error());
+            r->skip_valid = true;
+            r->skip_sub = sub;
+            r->skip_file = file;
+            r->skip_doc = doc;
+        }
+        tio_clear_error();
+        *ids = NULL;
+        *n = 0;
+        return 0;
     }
-    r->doc_valid = true;
-    r->doc_sub = sub;
-    r->doc_file = file;
-    r->doc_idx = doc;
+    *ids = e->chunk_ids[doc / JSONL_CHUNK] ? e->chunk_ids[doc / JSONL_CHUNK] + e->id_off[doc] : NULL;
+    *n = e->id_len[doc];
     return 0;
 }
 
@@ -714,7 +841,24 @@ static int check_doc(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t d
     return 0;
 }
 
+static int doc_len(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t *n);
+
 int tio_data_doc_len(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t *n)
+{
+    if (r->len_valid && r->len_doc == doc && r->len_file == file && r->len_sub == sub) {
+        *n = r->len_n;
+        return 0;
+    }
+    int rc = doc_len(r, sub, file, doc, n);
+    r->len_valid = rc == 0;
+    r->len_sub = sub;
+    r->len_file = file;
+    r->len_doc = doc;
+    r->len_n = *n;
+    return rc;
+}
+
+static int doc_len(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t *n)
 {
     tio_data_file *f = NULL;
     int rc = check_doc(r, sub, file, doc, &f);
@@ -735,17 +879,40 @@ int tio_data_doc_len(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t d
     case FMT_ARROW:
         *n = f->arrow.batches[doc].count;
         return 0;
-    default:
-        if ((rc = jsonl_doc(r, sub, file, doc)) != 0)
-            return rc;
-        *n = r->n_ids;
-        return 0;
+    default: {
+        const uint32_t *ids;
+        return jsonl_doc(r, sub, file, doc, &ids, n);
+    }
     }
 }
 
 /* Convert `n` values of Megatron dtype `code` at `p` to ids. */
 static int convert(const uint8_t *p, int code, uint64_t n, uint32_t *dst, const char *rel, uint64_t doc)
 {
+    if (code == 8) { /* unsigned: every value is an id */
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t x;
+            memcpy(&x, p + 2 * i, 2);
+            dst[i] = x;
+        }
+        return 0;
+    }
+    if (code == 1) {
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = p[i];
+        return 0;
+    }
+    if (code == 4) { /* copy and check the sign bits in one pass */
+        uint32_t neg = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t x;
+            memcpy(&x, p + 4 * i, 4);
+            neg |= x;
+            dst[i] = x;
+        }
+        if (!(neg >> 31))
+            return 0;
+    }
     for (uint64_t i = 0; i < n; i++) {
         int64_t v;
         double d = 0;
@@ -840,12 +1007,53 @@ int tio_data_doc_read(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t 
         rc = convert(p, code, n, dst, f->rel, doc);
         break;
     }
-    default:
-        if ((rc = jsonl_doc(r, sub, file, doc)) != 0)
+    default: {
+        const uint32_t *ids;
+        uint64_t len;
+        if ((rc = jsonl_doc(r, sub, file, doc, &ids, &len)) != 0)
             return rc;
-        memcpy(dst, r->ids + off, n * sizeof *dst);
+        if (off + n > len)
+            return tio_fail(-EINVAL, "%s: document %llu has %llu tokens, asked for [%llu, %llu)",
+                            f->rel, (unsigned long long)doc, (unsigned long long)len,
+                            (unsigned long long)off, (unsigned long long)(off + n));
+        memcpy(dst, ids + off, n * sizeof *dst);
         break;
     }
+    }
+    return rc;
+}
+
+int tio_dataset_scan_file(tio_dataset *ds, uint32_t sub, uint32_t file, tio_data_doc_fn fn,
+                          void *arg)
+{
+    int64_t docs = tio_dataset_file_docs(ds, sub, file);
+    if (docs < 0)
+        return (int)docs;
+    tio_data_reader *r;
+    int rc = tio_data_reader_create(ds, &r);
+    if (rc)
+        return rc;
+    uint32_t *ids = NULL;
+    uint64_t cap = 0;
+    for (uint64_t d = 0; !rc && d < (uint64_t)docs; d++) {
+        uint64_t len = 0;
+        if ((rc = tio_data_doc_len(r, sub, file, d, &len)) != 0)
+            break;
+        if (len > cap) {
+            uint32_t *p = realloc(ids, len * sizeof *p);
+            if (!p) {
+                rc = tio_fail(-ENOMEM, "out of memory");
+                break;
+            }
+            ids = p;
+            cap = len;
+        }
+        if (len && (rc = tio_data_doc_read(r, sub, file, d, 0, len, ids)) != 0)
+            break;
+        rc = fn(arg, d, ids, len);
+    }
+    free(ids);
+    tio_data_reader_destroy(r);
     return rc;
 }
 

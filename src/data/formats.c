@@ -39,9 +39,6 @@ static uint16_t rd16(const uint8_t *p)
     return v;
 }
 
-uint64_t tio_mmidx_u64(const uint8_t *p, uint64_t i) { return rd64(p + 8 * i); }
-uint32_t tio_mmidx_u32(const uint8_t *p, uint64_t i) { return rd32(p + 4 * i); }
-
 /* ---- Megatron MMIDIDX ----------------------------------------------------- */
 
 int tio_mmidx_dtype_size(uint8_t code)

@@ -1,6 +1,6 @@
 /*
- * data/jsonl.c — JSONL text extraction, whole-file decompression (.gz via
- * zlib, .zst via libzstd) and the byte-level tokenizer.
+ * data/jsonl.c — JSONL text extraction and whole-file decompression (.gz via
+ * zlib, .zst via libzstd).
  *
  * The JSON reader is deliberately minimal: it walks one line's top-level
  * object, skips every value it does not need (nested objects and arrays,
@@ -409,21 +409,4 @@ int tio_decompress_file(const char *path, int comp, char **buf, size_t *len)
     *buf = out;
     *len = n;
     return 0;
-}
-
-/* ---- byte-level tokenizer ------------------------------------------------- */
-
-static int64_t bytes_encode(void *ctx, const char *text, size_t len, uint32_t *ids, size_t cap)
-{
-    (void)ctx;
-    size_t n = len < cap ? len : cap;
-    for (size_t i = 0; i < n; i++)
-        ids[i] = (unsigned char)text[i];
-    return (int64_t)len;
-}
-
-const tio_data_tokenizer *tio_data_tokenizer_bytes(void)
-{
-    static const tio_data_tokenizer bytes = {"bytes", NULL, bytes_encode};
-    return &bytes;
 }

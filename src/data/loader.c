@@ -6,10 +6,11 @@
  * the last *delivered* sample, while the prefetch thread is ahead of it.
  * Because the stream is deterministic, the state after delivering sample k
  * is the state the producer had right after making sample k.  The producer
- * serializes its state every `prefetch` samples; saving restores the newest
+ * serializes its state every max(prefetch, 256) samples; saving restores the newest
  * snapshot at or before the delivered count into a scratch generator and
  * replays the few samples in between.  Nothing in the queue is ever counted.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,7 +174,8 @@ int tio_gen_init(tio_gen *g, tio_dataset *ds, const tio_loader_options *opts)
         gs->n_owned = (L - opts->rank + opts->world_size - 1) / opts->world_size;
         gs->owned = calloc(gs->n_owned ? gs->n_owned : 1, sizeof *gs->owned);
         gs->pos = calloc(gs->n_owned ? gs->n_owned : 1, sizeof *gs->pos);
-        if (!gs->owned || !gs->pos)
+        gs->fenwick = calloc((size_t)gs->n_owned + 1, sizeof *gs->fenwick);
+        if (!gs->owned || !gs->pos || !gs->fenwick)
             return tio_fail(-ENOMEM, "out of memory");
         for (uint32_t i = 0; i < gs->n_owned; i++) {
             gs->owned[i] = opts->rank + i * opts->world_size;
@@ -197,6 +199,7 @@ void tio_gen_free(tio_gen *g)
             free(g->subs[d].shards);
             free(g->subs[d].owned);
             free(g->subs[d].pos);
+            free(g->subs[d].fenwick);
         }
     free(g->subs);
     tio_data_reader_destroy(g->reader);
@@ -256,16 +259,66 @@ static uint32_t sub_peek(const tio_gen_sub *gs, uint64_t *remaining, uint64_t *c
     return e;
 }
 
-/* Same, first moving the shards of a finished epoch into the next one. */
+static uint64_t shard_left(const tio_gen_sub *gs, uint32_t i, uint32_t e)
+{
+    const tio_shard_def *def = &gs->shards[gs->owned[i]];
+    return def->n_docs && gs->pos[i].epoch == e ? def->n_docs - gs->pos[i].consumed : 0;
+}
+
+/* Rebuild the aggregates from the shard positions (O(shards)). */
+static void agg_build(tio_gen_sub *gs)
+{
+    gs->agg_epoch = sub_peek(gs, &gs->agg_remaining, &gs->agg_consumed);
+    uint32_t n = gs->n_owned;
+    for (uint32_t i = 1; i <= n; i++)
+        gs->fenwick[i] = shard_left(gs, i - 1, gs->agg_epoch);
+    for (uint32_t i = 1; i <= n; i++) {
+        uint32_t up = i + (i & -i);
+        if (up <= n)
+            gs->fenwick[up] += gs->fenwick[i];
+    }
+    gs->agg_valid = true;
+}
+
+/* The owned shard holding draw u of the documents left (the first shard
+ * whose running total of documents left exceeds u). */
+static uint32_t agg_find(const tio_gen_sub *gs, uint64_t u)
+{
+    uint32_t at = 0, step = 1;
+    while (step * 2 <= gs->n_owned)
+        step *= 2;
+    for (; step; step /= 2)
+        if (at + step <= gs->n_owned && gs->fenwick[at + step] <= u) {
+            at += step;
+            u -= gs->fenwick[at];
+        }
+    return at;
+}
+
+static void agg_take(tio_gen_sub *gs, uint32_t i)
+{
+    for (uint32_t k = i + 1; k <= gs->n_owned; k += k & -k)
+        gs->fenwick[k]--;
+    gs->agg_remaining--;
+    gs->agg_consumed++;
+}
+
+/* The lowest epoch with documents left, first moving the shards of a
+ * finished epoch into the next one (UINT32_MAX: no document at all). */
 static uint32_t sub_epoch(tio_gen_sub *gs, uint64_t *remaining, uint64_t *consumed)
 {
     for (;;) {
-        uint32_t e = sub_peek(gs, remaining, consumed);
+        if (!gs->agg_valid)
+            agg_build(gs);
+        uint32_t e = gs->agg_epoch;
+        *remaining = gs->agg_remaining;
+        *consumed = gs->agg_consumed;
         if (*remaining || e == UINT32_MAX)
             return e;
         for (uint32_t i = 0; i < gs->n_owned; i++)
             if (gs->shards[gs->owned[i]].n_docs && gs->pos[i].epoch == e)
                 gs->pos[i] = (tio_shard_pos){.epoch = e + 1};
+        gs->agg_valid = false;
     }
 }
 
@@ -317,19 +370,11 @@ static int draw_doc(tio_gen *g)
         uint64_t rem, con;
         uint32_t e = sub_epoch(gs, &rem, &con);
         uint64_t u = tio_mix64(g->opts.seed ^ gs->key ^ tio_mix64(((uint64_t)e << 40) ^ con)) % rem;
-        uint32_t i = 0;
-        for (;; i++) {
-            const tio_shard_def *def = &gs->shards[gs->owned[i]];
-            if (!def->n_docs || gs->pos[i].epoch != e)
-                continue;
-            uint64_t left = def->n_docs - gs->pos[i].consumed;
-            if (u < left)
-                break;
-            u -= left;
-        }
+        uint32_t i = agg_find(gs, u);
         uint32_t file;
         uint64_t doc, len;
         shard_next(g, gs, gs->owned[i], &gs->pos[i], &file, &doc);
+        agg_take(gs, i);
         int rc = tio_data_doc_len(g->reader, (uint32_t)d, file, doc, &len);
         if (rc)
             return rc;
@@ -461,6 +506,8 @@ int tio_gen_next(tio_gen *g, tio_gen_sample *out)
 
 /* ---- the threaded loader --------------------------------------------------- */
 
+enum { SNAP_MIN = 256, SPIN_YIELDS = 64 };
+
 typedef struct {
     uint64_t index;
     void *blob;
@@ -474,6 +521,7 @@ struct tio_loader {
     /* queue */
     pthread_t thread;
     bool running, stop;
+    bool producer_waiting, consumer_waiting; /* under lock: who sleeps on cond */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     tio_gen_sample *slots;
@@ -525,16 +573,22 @@ static void *producer(void *arg)
             pthread_mutex_unlock(&ld->lock);
             break;
         }
-        while (ld->count == ld->n_slots && !ld->stop)
-            pthread_cond_wait(&ld->cond, &ld->lock);
+        if (ld->count == ld->n_slots) {
+            /* wait until the queue is half empty: fewer wake-ups */
+            ld->producer_waiting = true;
+            while (ld->count > ld->n_slots / 2 && !ld->stop)
+                pthread_cond_wait(&ld->cond, &ld->lock);
+            ld->producer_waiting = false;
+        }
         if (ld->stop) {
             pthread_mutex_unlock(&ld->lock);
             break;
         }
         uint32_t tail = (ld->head + ld->count) % ld->n_slots;
         sample_swap(&ld->slots[tail], &local);
-        ld->count++;
-        pthread_cond_broadcast(&ld->cond);
+        __atomic_store_n(&ld->count, ld->count + 1, __ATOMIC_RELEASE);
+        if (ld->consumer_waiting)
+            pthread_cond_broadcast(&ld->cond);
         pthread_mutex_unlock(&ld->lock);
     }
     tio_gen_sample_free(&local);
@@ -665,7 +719,10 @@ int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
     log_position(ld, n_states > 0);
     if (opts->prefetch) {
         ld->n_slots = opts->prefetch;
-        ld->snap_every = opts->prefetch;
+        /* a snapshot costs a serialization of every owned shard's position:
+         * take one per SNAP_MIN samples at least (a save replays fewer than
+         * snap_every + prefetch samples) */
+        ld->snap_every = opts->prefetch > SNAP_MIN ? opts->prefetch : SNAP_MIN;
         ld->slots = calloc(ld->n_slots, sizeof *ld->slots);
         if (!ld->slots || (rc = add_snapshot(ld)) != 0) {
             tio_loader_destroy(ld);
@@ -691,8 +748,9 @@ static void describe(tio_loader *ld)
         uint32_t n = s->spans[i].length;
         if (n > L - at)
             n = L - at;
+        uint32_t *restrict pos = ld->pos_ids + at;
         for (uint32_t k = 0; k < n; k++)
-            ld->pos_ids[at + k] = k;
+            pos[k] = k;
         at += n;
         ld->cu[++nseg] = at;
     }
@@ -709,9 +767,16 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
         if (rc)
             return rc;
     } else {
+        /* a sample is usually a few microseconds away: yield a while
+         * before sleeping on the condition variable */
+        for (int spin = 0; spin < SPIN_YIELDS && !__atomic_load_n(&ld->count, __ATOMIC_ACQUIRE);
+             spin++)
+            sched_yield();
         pthread_mutex_lock(&ld->lock);
+        ld->consumer_waiting = true;
         while (ld->count == 0 && !ld->error)
             pthread_cond_wait(&ld->cond, &ld->lock);
+        ld->consumer_waiting = false;
         if (ld->count == 0) {
             int rc = ld->error;
             tio_fail(rc, "%s", ld->error_msg);
@@ -720,7 +785,7 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
         }
         sample_swap(&ld->cur, &ld->slots[ld->head]);
         ld->head = (ld->head + 1) % ld->n_slots;
-        ld->count--;
+        __atomic_store_n(&ld->count, ld->count - 1, __ATOMIC_RELEASE);
         /* drop snapshots that a save can no longer need */
         uint32_t keep = 0;
         while (keep + 1 < ld->n_snaps && ld->snaps[keep + 1].index <= ld->delivered + 1)
@@ -729,13 +794,22 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
             free(ld->snaps[i].blob);
         memmove(ld->snaps, ld->snaps + keep, (ld->n_snaps - keep) * sizeof *ld->snaps);
         ld->n_snaps -= keep;
-        pthread_cond_broadcast(&ld->cond);
+        if (ld->producer_waiting && ld->count <= ld->n_slots / 2)
+            pthread_cond_broadcast(&ld->cond);
         pthread_mutex_unlock(&ld->lock);
     }
     describe(ld);
     ld->delivered++;
     *out = &ld->sample;
     return 0;
+}
+
+uint32_t tio_loader_queued(tio_loader *ld)
+{
+    pthread_mutex_lock(&ld->lock);
+    uint32_t n = ld->count;
+    pthread_mutex_unlock(&ld->lock);
+    return n;
 }
 
 /* A generator at the delivered position (caller frees with tio_gen_free). */

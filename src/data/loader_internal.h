@@ -38,6 +38,15 @@ typedef struct {
     tio_shard_pos *pos;      /* per owned shard */
     uint64_t owned_docs;
     uint64_t tokens;         /* mixing counter: packed tokens drawn */
+    /* Derived from pos (rebuilt when agg_valid is false, e.g. after a state
+     * is loaded): the lowest epoch among owned non-empty shards, documents
+     * left and consumed in it, and a Fenwick tree over owned shards of the
+     * documents each has left in that epoch, so drawing a shard weighted by
+     * documents left is O(log shards), not O(shards). */
+    bool agg_valid;
+    uint32_t agg_epoch;
+    uint64_t agg_remaining, agg_consumed;
+    uint64_t *fenwick;       /* n_owned + 1 */
 } tio_gen_sub;
 
 typedef struct {
@@ -72,6 +81,9 @@ int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst);
 int tio_gen_sample_push(tio_gen_sample *s, const tio_data_span *sp);
 void tio_gen_sample_free(tio_gen_sample *s);
 int tio_gen_pending_push(tio_gen *g, const tio_data_span *sp);
+
+/* Samples produced by the prefetch thread and not yet delivered (tests). */
+uint32_t tio_loader_queued(tio_loader *ld);
 
 /* state.c */
 int tio_gen_serialize(const tio_gen *g, void **buf, size_t *len);

@@ -11,6 +11,11 @@
  * The only state a shuffled stream needs is the counter i.
  */
 #include "data/data_internal.h"
+#include "teraio_config.h"
+
+#if TIO_HAVE_ZLIB
+#include <zlib.h>
+#endif
 
 uint64_t tio_mix64(uint64_t x)
 {
@@ -49,6 +54,7 @@ uint64_t tio_permute(uint64_t i, uint64_t n, uint64_t key)
     return x;
 }
 
+#if !TIO_HAVE_ZLIB
 static uint32_t crc_table[256];
 static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
@@ -61,14 +67,28 @@ static void crc_init(void)
         crc_table[k] = c;
     }
 }
+#endif
 
-/* CRC-32 (IEEE 802.3, reflected, as zlib's crc32). */
+/* CRC-32 (IEEE 802.3, reflected, as zlib's crc32): zlib's own when built
+ * with it (several times faster), else a byte-wise table. */
 uint32_t tio_crc32(const void *data, size_t len)
 {
+#if TIO_HAVE_ZLIB
+    uLong c = crc32(0L, Z_NULL, 0);
+    const Bytef *b = data;
+    while (len) {
+        uInt k = len > (1u << 30) ? 1u << 30 : (uInt)len;
+        c = crc32(c, b, k);
+        b += k;
+        len -= k;
+    }
+    return (uint32_t)c;
+#else
     pthread_once(&crc_once, crc_init);
     const uint8_t *p = data;
     uint32_t c = 0xFFFFFFFFu;
     for (size_t i = 0; i < len; i++)
         c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
+#endif
 }

@@ -549,6 +549,8 @@ int tio_gen_load(tio_gen *g, const void *const *states, const size_t *lens, uint
     }
     if (!rc)
         rc = load_parsed(g, ps, n);
+    for (uint32_t d = 0; d < g->ds->n_subs; d++)
+        g->subs[d].agg_valid = false; /* shard positions changed */
     for (uint32_t i = 0; i < n; i++)
         parsed_free(&ps[i]);
     free(ps);

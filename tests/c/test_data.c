@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "teraio/data.h"
-#include "data/data_internal.h"
+#include "data/loader_internal.h"
 
 static char root[512];
 
@@ -63,7 +63,7 @@ static void write_bytes(const char *path, const void *p, size_t n)
  * when longer than 3 tokens; dtype int32 (code 4) or uint16 (code 8). */
 static void write_megatron(const char *prefix, int s, int f, int ndocs, int code)
 {
-    char path[1024];
+    char path[1100];
     int w = code == 4 ? 4 : 2;
     FILE *bin, *idx;
     snprintf(path, sizeof path, "%s.bin", prefix);
@@ -269,6 +269,7 @@ static void test_permutation(void **state)
 
 typedef struct {
     uint64_t seq_len, shuffle, L, prefetch, seed;
+    const double *weights; /* of a, b, c; NULL: 1 each */
 } cfg;
 
 static tio_loader *make_loader(tio_dataset *ds, cfg c, uint32_t rank, uint32_t world,
@@ -284,6 +285,12 @@ static tio_loader *make_loader(tio_dataset *ds, cfg c, uint32_t rank, uint32_t w
     o.rank = rank;
     o.world_size = world;
     o.eos_id = 9999;
+    static const char *names[] = {"a", "b", "c"};
+    if (c.weights) {
+        o.n_weights = 3;
+        o.weight_names = names;
+        o.weights = c.weights;
+    }
     tio_loader *ld = NULL;
     int rc = tio_loader_create(ds, &o, (const void *const *)states, lens, n, &ld);
     if (rc)
@@ -340,10 +347,12 @@ static int cmp_span(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-static uint64_t epoch_tokens(tio_dataset *ds)
+static uint64_t sub_tokens(tio_dataset *ds, unsigned mask)
 {
     uint64_t t = 0;
     for (uint32_t s = 0; s < 3; s++) {
+        if (!(mask >> s & 1))
+            continue;
         tio_data_subdataset_info info;
         tio_dataset_info(ds, s, &info);
         for (uint32_t f = 0; f < info.n_files; f++)
@@ -353,12 +362,17 @@ static uint64_t epoch_tokens(tio_dataset *ds)
     return t;
 }
 
-/* Every document of every sub-dataset tiled exactly once by the spans. */
-static void assert_exactly_once(tio_dataset *ds, span_list *l)
+static uint64_t epoch_tokens(tio_dataset *ds) { return sub_tokens(ds, 7); }
+
+/* Every document of the sub-datasets in `mask` tiled exactly once by the
+ * spans, and no other span. */
+static void assert_subs_exactly_once(tio_dataset *ds, span_list *l, unsigned mask)
 {
     qsort(l->v, l->n, sizeof *l->v, cmp_span);
     size_t k = 0;
     for (uint32_t s = 0; s < 3; s++) {
+        if (!(mask >> s & 1))
+            continue;
         tio_data_subdataset_info info;
         tio_dataset_info(ds, s, &info);
         for (uint32_t f = 0; f < info.n_files; f++)
@@ -376,6 +390,8 @@ static void assert_exactly_once(tio_dataset *ds, span_list *l)
     }
     assert_int_equal(k, l->n);
 }
+
+static void assert_exactly_once(tio_dataset *ds, span_list *l) { assert_subs_exactly_once(ds, l, 7); }
 
 /* Run `world` ranks (from `states` if given) round-robin until `steps`
  * samples each, or (steps == 0) until epoch 0 is complete. */
@@ -473,6 +489,135 @@ static void test_resume_bit_identical(void **state)
     }
     tio_loader_destroy(ld);
     free(ref);
+    tio_dataset_destroy(ds);
+}
+
+/* Save, resume, save, resume (2 -> 3 -> 2 and 2 -> 2 -> 2 ranks): the
+ * epoch is still covered exactly once. */
+static void test_resume_twice(void **state)
+{
+    (void)state;
+    tio_dataset *ds = open_ds();
+    static const uint32_t chains[][3] = {{2, 3, 2}, {2, 2, 2}, {1, 4, 3}};
+    for (size_t k = 0; k < sizeof chains / sizeof chains[0]; k++) {
+        cfg c = {.seq_len = 20 + 9 * k, .shuffle = 3, .L = 12, .prefetch = 3, .seed = 77 + k};
+        span_list spans = {0};
+        void *st1[4], *st2[4];
+        size_t len1[4], len2[4];
+        run_ranks(ds, c, chains[k][0], NULL, NULL, 0, 6, &spans, st1, len1);
+        run_ranks(ds, c, chains[k][1], st1, len1, chains[k][0], 5, &spans, st2, len2);
+        run_ranks(ds, c, chains[k][2], st2, len2, chains[k][1], 0, &spans, NULL, NULL);
+        assert_int_equal(spans.tokens, epoch_tokens(ds));
+        assert_exactly_once(ds, &spans);
+        for (uint32_t r = 0; r < chains[k][0]; r++)
+            free(st1[r]);
+        for (uint32_t r = 0; r < chains[k][1]; r++)
+            free(st2[r]);
+        free(spans.v);
+    }
+    tio_dataset_destroy(ds);
+}
+
+/* Samples made by the prefetch thread but not delivered are not in the
+ * state: with samples queued, the state is byte-identical to that of a
+ * loader without a thread that delivered as many samples, and differs from
+ * the state after the queued samples too. */
+static void test_prefetch_not_counted(void **state)
+{
+    (void)state;
+    tio_dataset *ds = open_ds();
+    cfg c = {.seq_len = 20, .shuffle = 4, .L = 8, .prefetch = 8, .seed = 5};
+    tio_loader *ld = make_loader(ds, c, 0, 1, NULL, NULL, 0);
+    c.prefetch = 0;
+    tio_loader *ref = make_loader(ds, c, 0, 1, NULL, NULL, 0);
+    const tio_data_sample *s;
+    for (int i = 0; i < 13; i++) {
+        assert_int_equal(tio_loader_next(ld, &s), 0);
+        assert_int_equal(tio_loader_next(ref, &s), 0);
+    }
+    /* the producer refills its queue once it is half empty */
+    for (int i = 0; i < 10000 && tio_loader_queued(ld) < 4; i++)
+        usleep(1000);
+    assert_true(tio_loader_queued(ld) >= 4);
+    void *a, *b;
+    size_t la, lb;
+    assert_int_equal(tio_loader_state(ld, &a, &la), 0);
+    assert_int_equal(tio_loader_state(ref, &b, &lb), 0);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    uint64_t delivered;
+    memcpy(&delivered, (uint8_t *)a + 40, 8);
+    assert_int_equal(delivered, 13);
+    free(b);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(tio_loader_next(ref, &s), 0);
+    assert_int_equal(tio_loader_state(ref, &b, &lb), 0);
+    assert_false(la == lb && !memcmp(a, b, la));
+    /* resuming from it gives sample 13 next */
+    tio_loader_destroy(ref);
+    c.prefetch = 8;
+    ref = make_loader(ds, c, 0, 1, &a, &la, 1);
+    const tio_data_sample *t;
+    assert_int_equal(tio_loader_next(ld, &s), 0);
+    assert_int_equal(tio_loader_next(ref, &t), 0);
+    assert_int_equal(s->index, 13);
+    assert_int_equal(t->index, 13);
+    assert_memory_equal(s->tokens, t->tokens, 21 * sizeof *s->tokens);
+    free(a);
+    free(b);
+    tio_loader_destroy(ref);
+    tio_loader_destroy(ld);
+    tio_dataset_destroy(ds);
+}
+
+/* Only sub-dataset b is drawn.  Stop at the very sample that completes
+ * epoch 0, save, resume on 1 or 3 ranks: epoch 1 is delivered in full,
+ * exactly once, and no epoch-0 piece comes again. */
+static void test_epoch_boundary(void **state)
+{
+    (void)state;
+    tio_dataset *ds = open_ds();
+    static const double w[3] = {0, 1, 0};
+    uint64_t total = sub_tokens(ds, 2);
+    for (uint32_t M = 1; M <= 3; M += 2) {
+        cfg c = {.seq_len = 24, .shuffle = 3, .L = 6, .prefetch = 4, .seed = 11 + M, .weights = w};
+        span_list e0 = {0}, e1 = {0};
+        tio_loader *ld = make_loader(ds, c, 0, 1, NULL, NULL, 0);
+        const tio_data_sample *s;
+        while (e0.tokens < total) {
+            assert_int_equal(tio_loader_next(ld, &s), 0);
+            check_sample(s, &e0, 0);
+            check_sample(s, &e1, 1);
+        }
+        assert_int_equal(e0.tokens, total);
+        assert_subs_exactly_once(ds, &e0, 2);
+        tio_data_position pos;
+        assert_int_equal(tio_loader_position(ld, 1, &pos), 0);
+        assert_int_equal(pos.epoch, 1);
+        void *st;
+        size_t len;
+        assert_int_equal(tio_loader_state(ld, &st, &len), 0);
+        tio_loader_destroy(ld);
+        tio_loader *r[3];
+        for (uint32_t k = 0; k < M; k++)
+            r[k] = make_loader(ds, c, k, M, &st, &len, 1);
+        free(st);
+        for (uint32_t step = 0; e1.tokens < total; step++) {
+            assert_true(step < 10000);
+            for (uint32_t k = 0; k < M; k++) {
+                assert_int_equal(tio_loader_next(r[k], &s), 0);
+                for (uint32_t i = 0; i < s->n_spans; i++)
+                    assert_int_not_equal(s->spans[i].epoch, 0);
+                check_sample(s, &e1, 1);
+            }
+        }
+        assert_int_equal(e1.tokens, total);
+        assert_subs_exactly_once(ds, &e1, 2);
+        for (uint32_t k = 0; k < M; k++)
+            tio_loader_destroy(r[k]);
+        free(e0.v);
+        free(e1.v);
+    }
     tio_dataset_destroy(ds);
 }
 
@@ -728,6 +873,9 @@ int main(void)
         cmocka_unit_test(test_json_unescape),
         cmocka_unit_test(test_rescale_exactly_once),
         cmocka_unit_test(test_resume_bit_identical),
+        cmocka_unit_test(test_resume_twice),
+        cmocka_unit_test(test_prefetch_not_counted),
+        cmocka_unit_test(test_epoch_boundary),
         cmocka_unit_test(test_mixing_weights),
         cmocka_unit_test(test_state_errors),
         cmocka_unit_test(test_atomic_save_kill),
