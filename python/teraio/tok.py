@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint, c_void_p
 from typing import Iterable, Sequence
 
@@ -69,6 +70,7 @@ class Tokenizer:
 
     def __init__(self, handle: c_void_p):
         self._h = handle
+        self._local = threading.local()
 
     @classmethod
     def encoding(cls, name: str, directory: str | os.PathLike | None = None) -> "Tokenizer":
@@ -125,14 +127,26 @@ class Tokenizer:
     def special_id(self, text: str) -> int:
         return check(_special_id(self._h, text.encode()))
 
+    def _buffer(self, cap: int):
+        """This thread's output buffer of at least cap ids (reused: encode is
+        called once per document, and allocating per call costs more than
+        the tokenization of a short document)."""
+        local = self._local
+        buf = getattr(local, "buf", None)
+        if buf is None or len(buf) < cap:
+            buf = (c_uint32 * max(cap, 4096))()
+            local.buf = buf
+            local.view = memoryview(buf).cast("B").cast("I")
+        return buf, local.view
+
     def encode(self, text: str | bytes, special: int = SPECIAL_TEXT) -> list[int]:
         """Ids of ``text`` (str: its UTF-8; bytes: as given, any bytes)."""
         data = _as_bytes(text)
         cap = max(1, len(data))
-        out = (c_uint32 * cap)()
+        out, view = self._buffer(cap)
         n = c_size_t()
         check(_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
-        return out[:n.value]
+        return view[:n.value].tolist()
 
     def encode_batch(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
                      threads: int = 0) -> list[list[int]]:
@@ -145,7 +159,8 @@ class Tokenizer:
         out = (c_uint32 * cap)()
         offs = (c_size_t * (n + 1))()
         check(_encode_batch(self._h, ptrs, lens, n, special, threads, out, cap, offs))
-        return [out[offs[i]:offs[i + 1]] for i in range(n)]
+        view = memoryview(out).cast("B").cast("I")
+        return [view[offs[i]:offs[i + 1]].tolist() for i in range(n)]
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         ids = list(ids)
