@@ -71,6 +71,8 @@ def _fn(name, restype, *argtypes):
     return f
 
 
+_tok_open = _fn("tio_data_tokenizer_open", c_int, c_char_p, c_char_p, POINTER(POINTER(_Tokenizer)))
+_tok_close = _fn("tio_data_tokenizer_close", None, POINTER(_Tokenizer))
 _ds_defaults = _fn("tio_dataset_options_default", None, POINTER(_DatasetOptions))
 _ds_open = _fn("tio_dataset_open", c_int, c_char_p, POINTER(_DatasetOptions), POINTER(c_void_p))
 _ds_destroy = _fn("tio_dataset_destroy", None, c_void_p)
@@ -117,14 +119,23 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     ``rank``/``world_size`` default to torchrun's ``RANK``/``WORLD_SIZE``, or to the
     ``mesh_dim`` dimension of ``device_mesh``.  The stream never ends (epochs loop).
+
+    JSONL text is tokenized by ``tokenizer``: ``"bytes"`` (default), a built-in BPE
+    encoding (``"cl100k_base"``, ...; rank files looked up in ``tokenizers_dir`` or
+    ``TERAIO_TOKENIZERS_DIR``) or the path of a Hugging Face ``tokenizer.json``; its name
+    enters the state fingerprint.  Each JSONL file is tokenized on ``tokenizer_threads``
+    threads (0: up to 4) when first read.
+
     torch DataLoader workers are refused (``num_workers`` must be 0): the loader already
-    reads, tokenizes and packs in its own C thread.
+    reads, tokenizes and packs in its own C threads, a C thread does not survive the
+    fork that starts a worker, and the state of a dataset copy inside a worker is not
+    the state the main process would save.
     """
 
     def __init__(self, root, seq_len, rank=None, world_size=None, seed=0, logical_shards=2048,
                  weights=None, provenance=False, shuffle_buffer=64, eos_id=0, bos_id=None,
                  prefetch=8, text_field="text", skip_bad_lines=False, device_mesh=None,
-                 mesh_dim=None):
+                 mesh_dim=None, tokenizer="bytes", tokenizers_dir=None, tokenizer_threads=0):
         super().__init__()
         if device_mesh is not None and (rank is None or world_size is None):
             rank, world_size = _mesh_dp(device_mesh, mesh_dim)
@@ -138,9 +149,18 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.provenance = provenance
         self._states = None
         self._loader = None
+        self._ds = None
+        self._tok = None
         self._started = False
+        tok = POINTER(_Tokenizer)()
+        check(_tok_open(str(tokenizer).encode(), None if tokenizers_dir is None else
+                        str(tokenizers_dir).encode(), byref(tok)))
+        self._tok = tok
+        self.tokenizer = tok.contents.name.decode()
         dopts = _DatasetOptions()
         _ds_defaults(byref(dopts))
+        dopts.tokenizer = tok
+        dopts.tokenizer_threads = int(tokenizer_threads)
         self._text_field = text_field.encode()
         dopts.text_field = self._text_field
         dopts.jsonl_errors = 1 if skip_bad_lines else 0
@@ -189,6 +209,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if getattr(self, "_ds", None):
             _ds_destroy(self._ds)
             self._ds = None
+        if getattr(self, "_tok", None):
+            _tok_close(self._tok)
+            self._tok = None
 
     def __del__(self):
         try:
@@ -198,15 +221,14 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        if info is not None and info.num_workers > 1:
-            raise RuntimeError("teraio.data.StreamingDataset reads in its own C thread: use "
-                               "DataLoader(num_workers=0), or give each worker its own rank "
-                               "(rank * num_workers + worker_id) and world size")
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("teraio.data.StreamingDataset reads, tokenizes and prefetches in its "
+                               "own C threads: use DataLoader(num_workers=0) (a worker process "
+                               "would neither keep those threads nor report its position to "
+                               "the main process's state_dict)")
         if self._loader is None:
             self._create(self._states or [])
             self._log_position("resumed" if self._states else "starts")
-        self._started = True
         return self
 
     def __next__(self):
@@ -242,9 +264,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state):
         """Load this rank's state, or a list of the states of every rank of an earlier run
-        (any world size).  Not allowed once iteration has started."""
+        (any world size).  Not allowed once a sample has been delivered."""
         if self._started:
-            raise RuntimeError("load_state_dict() after iteration started: the state would be "
+            raise RuntimeError("load_state_dict() after a sample was delivered: the state would be "
                                "ignored; load it before the first sample")
         states = state if isinstance(state, (list, tuple)) else [state]
         raw = [s["state"] if isinstance(s, dict) else bytes(s) for s in states]

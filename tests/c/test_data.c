@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -840,6 +841,83 @@ static void test_json_unescape(void **state)
     assert_non_null(strstr(tio_last_error(), "no string field 'text'"));
 }
 
+/* A byte tokenizer that notes which threads called it. */
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_t seen_threads[16];
+static int n_seen_threads;
+
+static int64_t noting_encode(void *ctx, const char *text, size_t len, uint32_t *ids, size_t cap)
+{
+    (void)ctx;
+    pthread_mutex_lock(&seen_lock);
+    bool known = false;
+    for (int i = 0; i < n_seen_threads; i++)
+        known |= pthread_equal(seen_threads[i], pthread_self()) != 0;
+    if (!known && n_seen_threads < 16)
+        seen_threads[n_seen_threads++] = pthread_self();
+    pthread_mutex_unlock(&seen_lock);
+    for (size_t i = 0; i < len && i < cap; i++)
+        ids[i] = (unsigned char)text[i];
+    usleep(50); /* long enough that the threads overlap */
+    return (int64_t)len;
+}
+
+/* A JSONL file of 700 lines tokenized on 1 and on 3 threads: the same ids
+ * (checked against the text written), and 3 threads did take part. */
+static void test_parallel_tokenizing(void **state)
+{
+    (void)state;
+    char dir[700], p[800];
+    snprintf(dir, sizeof dir, "%s-tok", root);
+    snprintf(p, sizeof p, "%s/t", dir);
+    mkdirs(p);
+    snprintf(p, sizeof p, "%s/t/big.jsonl", dir);
+    write_jsonl(p, 2, 3, 700);
+    tio_data_tokenizer noting = {"noting", NULL, noting_encode, 256};
+    for (uint32_t threads = 1; threads <= 3; threads += 2) {
+        tio_dataset_options o;
+        tio_dataset_options_default(&o);
+        o.tokenizer = &noting;
+        o.tokenizer_threads = threads;
+        n_seen_threads = 0;
+        tio_dataset *ds;
+        assert_int_equal(tio_dataset_open(dir, &o, &ds), 0);
+        tio_data_reader *r;
+        assert_int_equal(tio_data_reader_create(ds, &r), 0);
+        for (uint64_t d = 0; d < 700; d++) {
+            uint64_t n;
+            uint32_t ids[256];
+            assert_int_equal(tio_data_doc_len(r, 0, 0, d, &n), 0);
+            assert_int_equal(n, doc_len(2, 3, (int)d));
+            assert_int_equal(tio_data_doc_read(r, 0, 0, d, 0, n, ids), 0);
+            for (uint64_t i = 0; i < n; i++)
+                assert_int_equal(ids[i], jtok(2, 3, (int)d, (uint32_t)i));
+        }
+        assert_int_equal(n_seen_threads, (int)threads);
+        tio_data_reader_destroy(r);
+        tio_dataset_destroy(ds);
+    }
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    (void)!system(cmd);
+}
+
+/* BPE tokenizer specs: unknown names fail naming the spec; "bytes" is the
+ * static byte tokenizer. */
+static void test_tokenizer_open(void **state)
+{
+    (void)state;
+    tio_data_tokenizer *t;
+    assert_int_equal(tio_data_tokenizer_open("bytes", NULL, &t), 0);
+    assert_ptr_equal(t, tio_data_tokenizer_bytes());
+    assert_int_equal(t->vocab_size, 256);
+    tio_data_tokenizer_close(t);
+    assert_int_equal(tio_data_tokenizer_open("gpt9", NULL, &t), -ENOENT);
+    assert_non_null(strstr(tio_last_error(), "unknown tokenizer 'gpt9'"));
+    assert_int_equal(tio_data_tokenizer_open("/nonexistent/tokenizer.json", NULL, &t), -ENOENT);
+    assert_non_null(strstr(tio_last_error(), "/nonexistent/tokenizer.json"));
+}
+
 static void test_options_errors(void **state)
 {
     (void)state;
@@ -881,6 +959,8 @@ int main(void)
         cmocka_unit_test(test_atomic_save_kill),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_options_errors),
+        cmocka_unit_test(test_parallel_tokenizing),
+        cmocka_unit_test(test_tokenizer_open),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

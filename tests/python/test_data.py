@@ -179,7 +179,7 @@ def test_load_after_iteration_is_an_error(root):
     ds = make(root, logical_shards=4)
     state = ds.state_dict()
     next(iter(ds))
-    with pytest.raises(RuntimeError, match="after iteration started"):
+    with pytest.raises(RuntimeError, match="after a sample was delivered"):
         ds.load_state_dict(state)
 
 
