@@ -6,6 +6,8 @@
  *   data ingest SRC OUT  tokenize a root of JSONL sub-datasets into Megatron
  *                        .bin/.idx shards (one per input file, same relative
  *                        path) plus OUT/counts.csv, several files at once
+ *   data sample DIR      the first samples of a rank and where they come
+ *                        from; resumes from and saves loader state files
  *   data bench DIR       packed tokens per second of the loader (seq_len
  *                        4096, shuffling and mixing on, from the page cache)
  *                        beside memcpy of the same token bytes in the same run
@@ -38,6 +40,9 @@ static void usage(FILE *f)
             "usage: teraio data inspect DIR [--state FILE [--seed N] [--eos-id N]] [--json]\n"
             "       teraio data ingest SRC OUT [--tokenizer SPEC] [--tokenizers-dir DIR]\n"
             "                          [--threads N] [--text-field NAME] [--skip-bad-lines]\n"
+            "       teraio data sample DIR [--seq-len N] [--count N] [--seed N] [--rank R]\n"
+            "                          [--world-size W] [--logical-shards L] [--eos-id N]\n"
+            "                          [--resume STATE] [--save STATE] [--ids]\n"
             "       teraio data bench DIR [--seq-len N] [--seconds S] [--prefetch N] [--json]\n"
             "\n"
             "inspect  sub-datasets of a dataset root (one folder each), their files,\n"
@@ -50,6 +55,9 @@ static void usage(FILE *f)
             "         r50k_base, p50k_base, cl100k_base, o200k_base or a tokenizer.json.\n"
             "         --threads: files tokenized at once (default: online CPUs).  A\n"
             "         progress line is shown when stderr is a terminal.\n"
+            "sample   the first samples of one rank: the pieces of documents in each\n"
+            "         (file#document[offset+length]e<epoch>), with --ids their token ids;\n"
+            "         --resume starts from a state file, --save writes one after them.\n"
             "bench    the loader's packed tokens/s (default seq_len 4096, shuffle buffer\n"
             "         64, every sub-dataset mixed at weight 1, prefetch thread on) beside\n"
             "         memcpy of the dataset's token bytes into a sample-sized buffer, both\n"
@@ -602,6 +610,96 @@ done:
     return status;
 }
 
+/* ---- sample -------------------------------------------------------------- */
+
+static int read_state(const char *path, void **buf, size_t *len)
+{
+    int rc = tio_loader_state_read(path, buf, len);
+    return rc ? cli_lib_error(CMD, rc) : 0;
+}
+
+/* The first samples of one rank (provenance, optionally ids), optionally
+ * resumed from a state file and saving the state after them. */
+static int cmd_sample(int argc, char **argv)
+{
+    const char *root = NULL, *resume = NULL, *save = NULL;
+    tio_loader_options o;
+    tio_loader_options_default(&o);
+    o.seq_len = 64;
+    uint32_t count = 4, seed = 0;
+    bool ids = false;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint32_t *num = !strcmp(a, "--seq-len") ? &o.seq_len : !strcmp(a, "--count") ? &count
+                      : !strcmp(a, "--seed") ? &seed : !strcmp(a, "--rank") ? &o.rank
+                      : !strcmp(a, "--world-size") ? &o.world_size
+                      : !strcmp(a, "--logical-shards") ? &o.logical_shards
+                      : !strcmp(a, "--eos-id") ? &o.eos_id : NULL;
+        if (!strcmp(a, "--ids")) {
+            ids = true;
+        } else if (num || !strcmp(a, "--resume") || !strcmp(a, "--save")) {
+            if (!v)
+                return usage_error("%s needs a value", a);
+            i++;
+            if (!strcmp(a, "--resume"))
+                resume = v;
+            else if (!strcmp(a, "--save"))
+                save = v;
+            else if (parse_u32(v, 0, UINT32_MAX - 2, num))
+                return usage_error("%s '%s': expected an integer", a, v);
+        } else if (a[0] == '-') {
+            return usage_error("unknown option '%s'", a);
+        } else if (root) {
+            return usage_error("sample takes one DIR");
+        } else {
+            root = a;
+        }
+    }
+    if (!root)
+        return usage_error("sample needs a dataset root DIR");
+    o.seed = seed;
+    tio_dataset *ds;
+    int rc = open_dataset(root, NULL, &ds);
+    if (rc)
+        return rc;
+    void *st = NULL;
+    size_t st_len = 0;
+    if (resume && (rc = read_state(resume, &st, &st_len)) != 0) {
+        tio_dataset_destroy(ds);
+        return rc;
+    }
+    tio_loader *ld;
+    const void *states[1] = {st};
+    rc = tio_loader_create(ds, &o, states, &st_len, resume ? 1 : 0, &ld);
+    free(st);
+    if (rc) {
+        tio_dataset_destroy(ds);
+        return resume ? cli_error(CMD, "%s: %s", resume, tio_last_error()) : cli_lib_error(CMD, rc);
+    }
+    int status = 0;
+    for (uint32_t k = 0; k < count && !status; k++) {
+        const tio_data_sample *s;
+        if ((rc = tio_loader_next(ld, &s)) != 0) {
+            status = cli_lib_error(CMD, rc);
+            break;
+        }
+        printf("sample %llu:", (unsigned long long)s->index);
+        for (uint32_t i = 0; i < s->n_spans; i++) {
+            const tio_data_span *p = &s->spans[i];
+            printf(" %s#%llu[%u+%u]e%u", tio_dataset_file_path(ds, p->subdataset, p->file),
+                   (unsigned long long)p->doc, p->offset, p->length, p->epoch);
+        }
+        putchar('\n');
+        for (uint32_t i = 0; ids && i <= s->seq_len; i++)
+            printf("%u%c", s->tokens[i], i == s->seq_len ? '\n' : ' ');
+    }
+    if (!status && save && (rc = tio_loader_save(ld, save)) != 0)
+        status = cli_lib_error(CMD, rc);
+    tio_loader_destroy(ld);
+    tio_dataset_destroy(ds);
+    return status;
+}
+
 /* ---- bench -------------------------------------------------------------- */
 
 typedef struct {
@@ -692,7 +790,8 @@ static double memcpy_rate(const mapped *m, uint32_t n, size_t chunk, double seco
 static int cmd_bench_loader(int argc, char **argv)
 {
     const char *root = NULL;
-    uint32_t seq_len = 4096, seconds = 2, prefetch = 8;
+    uint32_t seq_len = 4096, prefetch = 8;
+    double seconds = 2;
     bool json = false;
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -704,8 +803,8 @@ static int cmd_bench_loader(int argc, char **argv)
             i++;
             if (!strcmp(o, "--seq-len") && parse_u32(v, 1, 1u << 24, &seq_len))
                 return usage_error("--seq-len '%s': expected an integer from 1 to 16777216", v);
-            if (!strcmp(o, "--seconds") && parse_u32(v, 1, 3600, &seconds))
-                return usage_error("--seconds '%s': expected an integer from 1 to 3600", v);
+            if (!strcmp(o, "--seconds") && (!cli_parse_positive(v, &seconds) || seconds > 3600))
+                return usage_error("--seconds '%s': expected a positive number up to 3600", v);
             if (!strcmp(o, "--prefetch") && parse_u32(v, 0, 4096, &prefetch))
                 return usage_error("--prefetch '%s': expected an integer from 0 to 4096", v);
         } else if (o[0] == '-') {
@@ -766,7 +865,7 @@ static int cmd_bench_loader(int argc, char **argv)
     for (int run = 0; run < RUNS; run++) {
         uint64_t samples = 0;
         double t0 = now_s(), t = t0;
-        while (t - t0 < (double)seconds) {
+        while (t - t0 < seconds) {
             const tio_data_sample *s;
             if ((rc = tio_loader_next(ld, &s)) != 0) {
                 status = cli_lib_error(CMD, rc);
@@ -781,14 +880,14 @@ static int cmd_bench_loader(int argc, char **argv)
         double rate = (double)samples * (seq_len + 1) / (t - t0);
         best = rate > best ? rate : best;
         samples_total += samples;
-        double m_rate = memcpy_rate(m, n_maps, chunk, (double)seconds, dst) / bytes_per_token;
+        double m_rate = memcpy_rate(m, n_maps, chunk, seconds, dst) / bytes_per_token;
         mem = m_rate > mem ? m_rate : mem;
     }
     if (json) {
         printf("{\"dataset\": ");
         json_string(stdout, root);
         printf(", \"seq_len\": %u, \"subdatasets\": %u, \"samples\": %llu, "
-               "\"seconds_per_run\": %u, \"runs\": %d, \"prefetch\": %u, \"bytes_per_token\": %.3f, \"tokens_per_s\": %.0f, "
+               "\"seconds_per_run\": %g, \"runs\": %d, \"prefetch\": %u, \"bytes_per_token\": %.3f, \"tokens_per_s\": %.0f, "
                "\"samples_per_s\": %.1f, \"memcpy_tokens_per_s\": %.0f, \"ratio\": %.4f, "
                "\"checksum\": %llu}\n", seq_len, tio_dataset_n_subdatasets(ds),
                (unsigned long long)samples_total, seconds, RUNS, prefetch, bytes_per_token, best,
@@ -813,7 +912,7 @@ done:
 int cmd_data(int argc, char **argv)
 {
     if (argc < 2)
-        return usage_error("needs a subcommand: inspect, ingest or bench");
+        return usage_error("needs a subcommand: inspect, ingest, sample or bench");
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(stdout);
         return 0;
@@ -827,7 +926,10 @@ int cmd_data(int argc, char **argv)
         return cmd_inspect(argc, argv);
     if (!strcmp(argv[1], "ingest"))
         return cmd_ingest(argc, argv);
+    if (!strcmp(argv[1], "sample"))
+        return cmd_sample(argc, argv);
     if (!strcmp(argv[1], "bench"))
         return cmd_bench_loader(argc, argv);
-    return usage_error("unknown subcommand '%s': expected inspect, ingest or bench", argv[1]);
+    return usage_error("unknown subcommand '%s': expected inspect, ingest, sample or bench",
+                       argv[1]);
 }

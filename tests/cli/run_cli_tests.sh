@@ -248,5 +248,68 @@ expect_status "eval trace: a good trace and profile" 0 \
   "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --json
 expect_status "eval --help" 0 "$teraio" eval --help
 
+# --- teraio data ---------------------------------------------------------------
+mkdir -p "$work/data-src/web" "$work/data-src/code"
+for i in 1 2 3 4 5 6 7 8; do
+  echo "{\"text\": \"document $i of the web, $i $i $i\"}" >>"$work/data-src/web/a.jsonl"
+  echo "{\"text\": \"def f$i(): return $i\"}" >>"$work/data-src/code/b.jsonl"
+done
+expect_status "data ingest: JSONL to Megatron" 0 "$teraio" data ingest "$work/data-src" "$work/data"
+expect_status "data inspect: ingested root" 0 "$teraio" data inspect "$work/data" --json
+expect_status "data sample: save a state" 0 \
+  "$teraio" data sample "$work/data" --seq-len 8 --count 3 --save "$work/data.state"
+expect_status "data sample: resume it" 0 \
+  "$teraio" data sample "$work/data" --seq-len 8 --count 1 --resume "$work/data.state"
+expect_status "data inspect: a state" 0 "$teraio" data inspect "$work/data" --state "$work/data.state"
+expect_status "data --help" 0 "$teraio" data --help
+expect_one_line_error "data: no subcommand" "$teraio" data
+expect_one_line_error "data: unknown subcommand" "$teraio" data frobnicate
+expect_one_line_error "data inspect: missing dir" "$teraio" data inspect "$work/no-such-data"
+expect_one_line_error "data inspect: dir is a file" "$teraio" data inspect "$work/a-file"
+mkdir -p "$work/data-empty"
+expect_one_line_error "data inspect: no sub-dataset" "$teraio" data inspect "$work/data-empty"
+expect_one_line_error "data inspect: unknown option" "$teraio" data inspect "$work/data" --fast
+mkdir -p "$work/data-bad/m"
+cp "$work/data/web/a.bin" "$work/data-bad/m/x.bin"
+printf 'NOTMAGIC\0\1\0\0\0\0\0\0\0\4' >"$work/data-bad/m/x.idx"
+head -c 4096 /dev/zero >>"$work/data-bad/m/x.idx"
+expect_one_line_error "data inspect: .idx with wrong magic" "$teraio" data inspect "$work/data-bad"
+head -c 12 "$work/data/web/a.idx" >"$work/data-bad/m/x.idx"
+expect_one_line_error "data inspect: truncated .idx" "$teraio" data inspect "$work/data-bad"
+cp "$work/data/web/a.idx" "$work/data-bad/m/x.idx"
+head -c 10 "$work/data/web/a.bin" >"$work/data-bad/m/x.bin"
+expect_one_line_error "data inspect: .idx pointers past the end of .bin" "$teraio" data inspect "$work/data-bad"
+rm -f "$work/data-bad/m/x.idx"
+expect_one_line_error "data inspect: .bin that is no llm.c shard" "$teraio" data inspect "$work/data-bad"
+expect_one_line_error "data inspect: state of other settings (fingerprint mismatch)" \
+  "$teraio" data inspect "$work/data" --state "$work/data.state" --seed 9
+expect_one_line_error "data sample: state of other settings" \
+  "$teraio" data sample "$work/data" --seq-len 8 --seed 9 --resume "$work/data.state"
+expect_one_line_error "data inspect: state of another dataset" \
+  "$teraio" data inspect "$work/data-src" --state "$work/data.state"
+expect_one_line_error "data inspect: missing state" "$teraio" data inspect "$work/data" --state "$work/none.state"
+head -c 30 "$work/data.state" >"$work/short.state"
+expect_one_line_error "data inspect: truncated state" "$teraio" data inspect "$work/data" --state "$work/short.state"
+cp "$work/data.state" "$work/flipped.state"
+printf '\377' | dd of="$work/flipped.state" bs=1 seek=44 conv=notrunc 2>/dev/null
+expect_one_line_error "data inspect: state with a bad checksum" \
+  "$teraio" data inspect "$work/data" --state "$work/flipped.state"
+expect_one_line_error "data ingest: missing SRC" "$teraio" data ingest "$work/no-such-src" "$work/data-out"
+expect_one_line_error "data ingest: no OUT" "$teraio" data ingest "$work/data-src"
+expect_one_line_error "data ingest: token files are not text" "$teraio" data ingest "$work/data" "$work/data-out"
+expect_one_line_error "data ingest: unknown tokenizer" \
+  "$teraio" data ingest "$work/data-src" "$work/data-out" --tokenizer gpt9
+expect_one_line_error "data ingest: OUT is a file" "$teraio" data ingest "$work/data-src" "$work/a-file"
+mkdir -p "$work/data-badline/t"
+printf '{"text": "fine"}\n{"text": "broken\\q"}\n' >"$work/data-badline/t/x.jsonl"
+expect_one_line_error "data ingest: malformed JSONL line" "$teraio" data ingest "$work/data-badline" "$work/data-out2"
+expect_status "data ingest: malformed line skipped" 0 \
+  "$teraio" data ingest "$work/data-badline" "$work/data-out3" --skip-bad-lines
+expect_one_line_error "data ingest: --threads 0" "$teraio" data ingest "$work/data-src" "$work/data-out" --threads 0
+expect_one_line_error "data bench: missing dir" "$teraio" data bench "$work/no-such-data"
+expect_one_line_error "data bench: JSONL has no token counts" "$teraio" data bench "$work/data-src"
+expect_one_line_error "data bench: bad --seq-len" "$teraio" data bench "$work/data" --seq-len 0
+expect_status "data bench: --json" 0 "$teraio" data bench "$work/data" --seq-len 16 --seconds 0.05 --prefetch 2 --json
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
