@@ -188,7 +188,7 @@ int tio_gen_init(tio_gen *g, tio_dataset *ds, const tio_loader_options *opts)
             return tio_fail(-ENOMEM, "out of memory");
         g->cap_buf = opts->shuffle_buffer;
     }
-    return sample_alloc(&g->partial, g->S);
+    return 0;
 }
 
 void tio_gen_free(tio_gen *g)
@@ -419,7 +419,8 @@ int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst)
     return 0;
 }
 
-/* Fill the partial sample up to S tokens. */
+/* Fill the partial sample up to S tokens (its spans: the tokens are read
+ * when the sample leaves the shuffle buffer). */
 static int pack(tio_gen *g)
 {
     tio_gen_sample *s = &g->partial;
@@ -433,9 +434,7 @@ static int pack(tio_gen *g)
         uint32_t n = g->S - s->fill < sp->length ? g->S - s->fill : sp->length;
         tio_data_span piece = *sp;
         piece.length = n;
-        int rc = tio_gen_read_span(g, &piece, s->tokens + s->fill);
-        if (!rc)
-            rc = tio_gen_sample_push(s, &piece);
+        int rc = tio_gen_sample_push(s, &piece);
         if (rc)
             return rc;
         s->fill += n;
@@ -457,6 +456,31 @@ static void sample_swap(tio_gen_sample *a, tio_gen_sample *b)
     *b = t;
 }
 
+/* Swap what two samples hold (fill and spans), each keeping its token
+ * array: only the samples that leave the generator carry tokens, so the
+ * shuffle buffer is a few spans per sample and the token arrays written
+ * stay few (and in cache). */
+static void sample_swap_spans(tio_gen_sample *a, tio_gen_sample *b)
+{
+    uint32_t *ta = a->tokens, *tb = b->tokens;
+    sample_swap(a, b);
+    a->tokens = ta;
+    b->tokens = tb;
+}
+
+/* Read the tokens of a sample's spans. */
+static int sample_fill(tio_gen *g, tio_gen_sample *s)
+{
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < s->n_spans; i++) {
+        int rc = tio_gen_read_span(g, &s->spans[i], s->tokens + at);
+        if (rc)
+            return rc;
+        at += s->spans[i].length;
+    }
+    return 0;
+}
+
 static void sample_reset(tio_gen_sample *s)
 {
     s->fill = 0;
@@ -466,42 +490,38 @@ static void sample_reset(tio_gen_sample *s)
 int tio_gen_next(tio_gen *g, tio_gen_sample *out)
 {
     int rc;
-    if ((rc = sample_alloc(out, g->S)) != 0)
+    if (!g->skip_tokens && (rc = sample_alloc(out, g->S)) != 0)
         return rc;
     uint64_t pick = tio_mix64(g->opts.seed ^ 0x5348554646ull ^ tio_mix64(g->produced));
     for (;;) {
         if (g->n_buf > g->opts.shuffle_buffer) { /* after a rescale or a smaller buffer */
             uint32_t i = (uint32_t)(pick % g->n_buf);
-            sample_swap(out, &g->buf[i]);
-            sample_swap(&g->buf[i], &g->buf[g->n_buf - 1]);
+            sample_swap_spans(out, &g->buf[i]);
+            sample_swap_spans(&g->buf[i], &g->buf[g->n_buf - 1]);
             g->n_buf--;
             break;
         }
         if ((rc = pack(g)) != 0)
             return rc;
         if (g->opts.shuffle_buffer == 0) {
-            sample_swap(out, &g->partial);
+            sample_swap_spans(out, &g->partial);
             break;
         }
         if (g->n_buf < g->opts.shuffle_buffer) {
             if ((rc = tio_grow((void **)&g->buf, &g->cap_buf, g->n_buf + 1, sizeof *g->buf)) != 0)
                 return rc;
-            sample_swap(&g->buf[g->n_buf++], &g->partial);
-            if ((rc = sample_alloc(&g->partial, g->S)) != 0)
-                return rc;
+            sample_swap_spans(&g->buf[g->n_buf++], &g->partial);
             sample_reset(&g->partial);
             continue;
         }
         uint32_t i = (uint32_t)(pick % g->n_buf);
-        sample_swap(out, &g->buf[i]);
-        sample_swap(&g->buf[i], &g->partial);
+        sample_swap_spans(out, &g->buf[i]);
+        sample_swap_spans(&g->buf[i], &g->partial);
         break;
     }
-    if ((rc = sample_alloc(&g->partial, g->S)) != 0)
-        return rc;
     sample_reset(&g->partial);
     g->produced++;
-    return 0;
+    return g->skip_tokens ? 0 : sample_fill(g, out);
 }
 
 /* ---- the threaded loader --------------------------------------------------- */
@@ -842,6 +862,7 @@ static int delivered_gen(tio_loader *ld, tio_gen *g)
     const void *states[1] = {blob};
     if ((rc = tio_gen_init(g, ld->ds, &o)) == 0)
         rc = tio_gen_load(g, states, &len, 1);
+    g->skip_tokens = true; /* replaying needs the positions, not the tokens */
     for (uint64_t k = index; !rc && k < ld->delivered; k++) {
         tio_gen_sample tmp = {0};
         rc = tio_gen_next(g, &tmp);

@@ -69,12 +69,13 @@ typedef struct {
     tio_gen_sample *buf;    /* shuffle buffer */
     uint32_t n_buf, cap_buf;
     uint64_t produced;      /* samples emitted */
+    bool skip_tokens;       /* emit spans only (replaying to a position) */
 } tio_gen;
 
 int tio_gen_init(tio_gen *g, tio_dataset *ds, const tio_loader_options *opts);
 void tio_gen_free(tio_gen *g);
-/* Produce the next sample into *out (swapped in: out's old arrays are
- * recycled).  out must be zeroed or a sample from an earlier call. */
+/* Produce the next sample into *out (its spans swapped in, its token array
+ * kept and filled).  out must be zeroed or a sample from an earlier call. */
 int tio_gen_next(tio_gen *g, tio_gen_sample *out);
 /* Read tokens [off, off + n) of a span's document as packed. */
 int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst);
