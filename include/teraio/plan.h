@@ -90,9 +90,13 @@ typedef struct {
     bool best_tier;       /* place each period on whichever tier (SSD or host)
                              covers more over-capacity time, instead of SSD
                              first (Algorithm 1's rule) */
+    bool planned_stalls;  /* where memory stays above capacity, give the
+                             over-capacity kernels stall time as bandwidth
+                             budget and plan again (planner_fast.c), instead
+                             of leaving the excess to on-demand swapping */
 } tio_plan_fast_options;
 
-/* Defaults: kind_mask 0 (all kinds), best_tier true. */
+/* Defaults: kind_mask 0 (all kinds), best_tier true, planned_stalls true. */
 TIO_API void tio_plan_fast_options_default(tio_plan_fast_options *fopt);
 
 /* Build a plan with the fast planner (strategy "teraio"): Algorithm 1's

@@ -14,12 +14,15 @@ as PyTorch's SDPA runs it on an H100, so no seq x seq score matrix is kept.
 
 Per-GPU layout (2 GPUs, the paper's testbed), documented in docs/eval.md.
 The paper states neither its parallel layout nor its micro-batch; both are
-fitted to its M column.  ``SHARDS[model]``: 1 is data parallel (each GPU
-holds a full replica of the parameters, gradients and optimizer states —
-the 8B models), 2 is FSDP-style sharding (each GPU holds half of every
-global tensor and runs the optimizer on its half: global tensors' bytes and
-the optimizer kernels' times halved — Llama3-70B, whose replica alone would
-exceed the paper's M).  Each GPU keeps its own activations for a
+fitted to its M column.  ``SHARDS[model]``: 2 is FSDP-style sharding (each
+GPU holds half of every parameter, gradient and optimizer state and runs the
+optimizer on its half: those tensors' bytes and the optimizer kernels' times
+halved — Llama3-8B and Llama3-70B), 1 is data parallel (each GPU holds a
+full replica — Granite-8B, whose sequence sweep reaches 8192 tokens per
+sequence: with sharding no whole number of such sequences lands within 10%
+of its M).  The loop is TorchTitan's: forward, backward, AdamW step, then
+``zero_grad(set_to_none=True)``, so gradients live from the backward pass to
+the optimizer step.  Each GPU keeps its own activations for a
 micro-batch of ``MICRO_BATCH[(model, batch, seq)]`` sequences; the rest of
 the global batch would be gradient accumulation over the same kernels,
 which does not change the peak (the trace is one micro-batch and the
@@ -75,6 +78,10 @@ MODELS = {
                         params=33_715_603_456),
 }
 
+# Bumped whenever a change here changes the traces: part of the cache key
+# (build/paper-traces/<hw>/<model>-s<seq>-mb<micro>-x<shards>-t<version>.tio).
+TRACER_VERSION = 2
+
 GPUS = 2  # the paper's testbed; each GPU traced alone, its share per SHARDS
 GPU_BYTES = 94_000_000_000  # H100 NVL, 94 GB (datasheet)
 
@@ -85,15 +92,15 @@ GPU_BYTES = 94_000_000_000  # H100 NVL, 94 GB (datasheet)
 # per GPU comes closest to the paper's M (docs/eval.md lists both).  The
 # rest of the global batch is gradient accumulation over the same kernels.
 MICRO_BATCH = {
-    ("llama3-8b", 32, 2048): 2, ("llama3-8b", 64, 2048): 2, ("llama3-8b", 128, 2048): 2,
-    ("llama3-8b", 64, 1024): 4, ("llama3-8b", 64, 4096): 1,
+    ("llama3-8b", 32, 2048): 4, ("llama3-8b", 64, 2048): 4, ("llama3-8b", 128, 2048): 4,
+    ("llama3-8b", 64, 1024): 9, ("llama3-8b", 64, 4096): 2,
     ("granite-8b", 32, 4096): 4, ("granite-8b", 64, 4096): 4, ("granite-8b", 128, 4096): 4,
     ("granite-8b", 64, 2048): 8, ("granite-8b", 64, 8192): 2,
-    ("llama3-70b", 8, 2048): 2, ("llama3-70b", 16, 2048): 3, ("llama3-70b", 32, 2048): 5,
-    ("llama3-70b", 16, 3072): 3, ("llama3-70b", 16, 4096): 2,
+    ("llama3-70b", 8, 2048): 3, ("llama3-70b", 16, 2048): 4, ("llama3-70b", 32, 2048): 6,
+    ("llama3-70b", 16, 3072): 3, ("llama3-70b", 16, 4096): 3,
 }
 # GPUs each global tensor is sharded over (1: data-parallel replica).
-SHARDS = {"llama3-8b": 1, "granite-8b": 1, "llama3-70b": 2}
+SHARDS = {"llama3-8b": 2, "granite-8b": 1, "llama3-70b": 2}
 
 # Other shapes (and the Granite 3B/20B/34B models, which the paper's table
 # does not use): this many tokens per micro-batch.
@@ -243,11 +250,11 @@ def trace_config(model: str, batch: int, seq: int, hw_path: str, out_path: str) 
     mb = micro_batch(model, batch, seq)
     ids = torch.zeros(mb, seq, dtype=torch.long, device="meta")
 
-    def step():
-        opt.zero_grad(set_to_none=False)
+    def step():  # TorchTitan's loop: gradients freed after the step (set_to_none)
         out = net(input_ids=ids, labels=ids)
         out.loss.backward()
         opt.step()
+        opt.zero_grad(set_to_none=True)
 
     step()  # creates gradients and optimizer states
     shards = SHARDS.get(model, GPUS)
@@ -266,21 +273,39 @@ def trace_config(model: str, batch: int, seq: int, hw_path: str, out_path: str) 
 
 
 def shard_and_prune(tensors: list, kernels: list, shards: int = GPUS):
-    """Global tensors sharded over `shards` GPUs (1: unchanged), view
-    kernels dropped, untouched tensors dropped and ids renumbered."""
+    """Gradients named, global tensors and gradients sharded over `shards`
+    GPUs (1: unchanged), view kernels dropped, untouched tensors dropped and
+    ids renumbered.
+
+    With ``zero_grad(set_to_none=True)`` the gradients are born in the
+    backward pass, so the profiler sees them as intermediate tensors.  The
+    optimizer step is the tail of the iteration from the first kernel that
+    touches an optimizer state; a gradient is an intermediate tensor that
+    exists before that kernel and is read by a kernel that also touches an
+    optimizer state (AdamW's ``lerp_``/``addcmul_`` on the moments).  The
+    optimizer kernels work on this GPU's shard only: their time is divided
+    by `shards`."""
     keep = [(n, d, acc) for n, d, acc in kernels if n not in VIEW_OPS]
+    is_state = [kind == "optimizer_state" for _, kind, _, _ in tensors]
+    opt_start = next((k for k, (_, _, acc) in enumerate(keep)
+                      if any(is_state[t] for t, _ in acc)), len(keep))
+    born_before = {t for _, _, acc in keep[:opt_start] for t, _ in acc}
+    grads = {t for _, _, acc in keep[opt_start:] if any(is_state[t] for t, _ in acc)
+             for t, _ in acc if not tensors[t][2] and t in born_before}
     used = sorted({t for _, _, acc in keep for t, _ in acc})
     remap = {old: new for new, old in enumerate(used)}
     out_t = []
     for old in used:
         nbytes, kind, glob, name = tensors[old]
-        if glob:
+        if old in grads:
+            kind, name = "gradient", name or f"grad.{old}"
+        if glob or old in grads:
             nbytes = max(1, -(-nbytes // shards))
         out_t.append((nbytes, kind, glob, name))
     out_k = []
-    for n, d, acc in keep:
-        if acc and all(tensors[t][2] for t, _ in acc):
-            d = d // shards  # optimizer kernels work on this GPU's shard only
+    for k, (n, d, acc) in enumerate(keep):
+        if k >= opt_start:
+            d = d // shards
         out_k.append((n, d, [(remap[t], m) for t, m in acc]))
     return out_t, out_k
 
@@ -299,7 +324,7 @@ def main(argv=None) -> int:
             print(json.dumps({"model": m, "batch": b, "seq": s,
                               "paper_m_pct": round(paper_m(m, b, s), 1),
                               "micro_batch": micro_batch(m, b, s),
-                              "shards": SHARDS.get(m, GPUS)}))
+                              "shards": SHARDS.get(m, GPUS), "tracer": TRACER_VERSION}))
         return 0
     if not (a.model and a.batch and a.seq and a.output):
         ap.error("--model, --batch, --seq and -o are required (or --list)")

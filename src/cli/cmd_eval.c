@@ -331,7 +331,7 @@ enum { MAX_CONFIGS = 32 };
 
 typedef struct {
     char model[32];
-    int batch, seq, micro_batch, shards;
+    int batch, seq, micro_batch, shards, tracer;
     double paper_m_pct, traced_m_pct;
     tio_sim_report rep[TIO_SIM_N_STRATEGIES];
     bool done;
@@ -418,8 +418,9 @@ static int list_configs(const char *root, paper_config *cfg, int *n)
         paper_config *c = &cfg[*n];
         memset(c, 0, sizeof *c);
         if (sscanf(line, "{\"model\": \"%31[^\"]\", \"batch\": %d, \"seq\": %d, "
-                   "\"paper_m_pct\": %lf, \"micro_batch\": %d, \"shards\": %d}", c->model,
-                   &c->batch, &c->seq, &c->paper_m_pct, &c->micro_batch, &c->shards) == 6)
+                   "\"paper_m_pct\": %lf, \"micro_batch\": %d, \"shards\": %d, "
+                   "\"tracer\": %d}", c->model, &c->batch, &c->seq, &c->paper_m_pct,
+                   &c->micro_batch, &c->shards, &c->tracer) == 7)
             (*n)++;
     }
     if (*n == 0)
@@ -439,8 +440,8 @@ static void progress(bool tty, int i, int n, const paper_config *c, const char *
 static void trace_path(char *path, size_t n, const char *root, const tio_hw *hw,
                        const paper_config *c)
 {
-    snprintf(path, n, "%s/build/paper-traces/%.63s/%.31s-s%d-mb%d-x%d.tio", root, hw->name,
-             c->model, c->seq, c->micro_batch, c->shards);
+    snprintf(path, n, "%s/build/paper-traces/%.63s/%.31s-s%d-mb%d-x%d-t%d.tio", root,
+             hw->name, c->model, c->seq, c->micro_batch, c->shards, c->tracer);
 }
 
 /* Algorithm 1's plan by the fast planner (same plan, see the file comment),
@@ -452,6 +453,7 @@ static int run_alg1(const loaded *l, const tio_hw *hw, tio_sim_report *out)
     tio_plan_fast_options fopt;
     tio_plan_fast_options_default(&fopt);
     fopt.best_tier = false;
+    fopt.planned_stalls = false;
     tio_plan *plan = NULL;
     int rc = tio_plan_build_fast(l->trace, l->lt, &opt, &fopt, &plan);
     if (!rc)

@@ -30,7 +30,22 @@
  *
  * With best_tier the planner also considers the host tier when the SSD
  * placement scores, and takes whichever covers more over-capacity time
- * (Algorithm 1 takes the SSD whenever it scores at all).  kind_mask limits
+ * (Algorithm 1 takes the SSD whenever it scores at all).
+ *
+ * With planned_stalls, memory still above capacity when no candidate is
+ * left is not left to on-demand swapping (which moves it synchronously,
+ * twice, at the SSD's speed).  The planner gives each contiguous run of
+ * over-capacity kernels extra time — stall it plans to take there — as
+ * bandwidth budget on every channel: the run's largest excess over the
+ * write channels' bandwidth, spread over the run where kernels are too
+ * short to bring in what they touch (the optimizer step's many short
+ * kernels over large states), and plans again from scratch, since earlier
+ * choices were made without that budget.  It keeps the attempt with the
+ * lowest estimated cost (planned stall plus the time to swap what is left
+ * above capacity), stopping when the plan fits, after STALL_ROUNDS
+ * attempts, or when two attempts in a row cost more.  The plan file
+ * carries no stall: when replayed, the migrations due at those kernels take
+ * longer than the kernels between them, and the compute stream waits.  kind_mask limits
  * which tensor kinds may move (the FlashNeuron baseline moves activations
  * only).  Indices past n_kernels wrap into the next iteration, as in
  * planner.c.
@@ -135,7 +150,8 @@ static uint32_t ch_prev(channel *c, uint32_t k)
     return s == 0 ? UINT32_MAX : s - 1;
 }
 
-static int ch_init(channel *c, uint32_t n, double gbps, const tio_trace *trace)
+static int ch_init(channel *c, uint32_t n, double gbps, const tio_trace *trace,
+                   const double *extra_ns)
 {
     memset(c, 0, sizeof *c);
     c->n = n;
@@ -153,7 +169,7 @@ static int ch_init(channel *c, uint32_t n, double gbps, const tio_trace *trace)
     }
     c->prev[0] = 0;
     for (uint32_t k = 0; k < n; k++) {
-        double b = floor(gbps * (double)trace->kernels[k].duration_ns);
+        double b = floor(gbps * ((double)trace->kernels[k].duration_ns + extra_ns[k]));
         uint64_t cap = UINT64_MAX / (4 * ((uint64_t)n + 1)); /* 2 x total must fit */
         c->cell[k] = b >= (double)cap ? cap : (uint64_t)b;
         c->fen[k + 1] += c->cell[k];
@@ -423,6 +439,8 @@ typedef struct {
     const tio_trace *trace;
     const tio_lifetime *lt;
     tio_plan_fast_options fopt;
+    bool *applied;              /* [n_periods] chosen already */
+    double gbps[N_CHANNELS];
     uint32_t n;
     uint64_t capacity, host_cap;
     uint64_t *planned;          /* [n] M' */
@@ -581,14 +599,6 @@ static int fast_rounds(fast *f)
     heap_item *popped = malloc(((size_t)lt->n_periods + 1) * sizeof *popped);
     if (!popped)
         return tio_fail(-ENOMEM, "out of memory for %u planning candidates", lt->n_periods);
-    for (uint32_t i = 0; i < lt->n_periods; i++) {
-        if (!movable(f, &lt->periods[i]))
-            continue;
-        uint64_t bound;
-        place(f, &lt->periods[i], &bound);
-        if (bound > 0)
-            heap_push(f, (heap_item){bound, lt->periods[i].bytes, i});
-    }
     int rc = 0;
     while (f->heap_n > 0 && f->over.min_over[1] != UINT64_MAX && !rc) {
         uint32_t n_popped = 0;
@@ -612,10 +622,89 @@ static int fast_rounds(fast *f)
         for (uint32_t i = 0; i < n_popped; i++)
             if (popped[i].index != best.index)
                 heap_push(f, popped[i]);
+        f->applied[best.index] = true;
         rc = apply(f, &lt->periods[best.index], &best_pl);
     }
     free(popped);
     return rc;
+}
+
+/* Seed the heap with every movable period not chosen yet. */
+static void fast_seed(fast *f)
+{
+    const tio_lifetime *lt = f->lt;
+    f->heap_n = 0;
+    for (uint32_t i = 0; i < lt->n_periods; i++) {
+        if (f->applied[i] || !movable(f, &lt->periods[i]))
+            continue;
+        uint64_t bound;
+        place(f, &lt->periods[i], &bound);
+        if (bound > 0)
+            heap_push(f, (heap_item){bound, lt->periods[i].bytes, i});
+    }
+}
+
+enum { STALL_ROUNDS = 8 };
+
+/* Where kernel k's own duration is too short to bring in the bytes it
+ * touches over the read channels (the optimizer step's many short kernels
+ * over large states), the time missing; 0 elsewhere. */
+static double deficit_ns(const fast *f, uint32_t k, double read_gbps)
+{
+    double need = (double)f->lt->active_bytes[k] / read_gbps;
+    double have = (double)f->trace->kernels[k].duration_ns;
+    return need > have ? need - have : 0;
+}
+
+/* Add stall time to extra_ns[] for every contiguous run of over-capacity
+ * kernels of M': the run's largest excess over the write channels' summed
+ * bandwidth, spread over the run in proportion to each kernel's time
+ * deficit (deficit_ns), or to its excess where no kernel of the run has
+ * one. */
+static void add_planned_stalls(const fast *f, double *extra_ns)
+{
+    double write_gbps = f->gbps[CH_SSD_WRITE] + (f->host_cap ? f->gbps[CH_HOST_WRITE] : 0);
+    double read_gbps = f->gbps[CH_SSD_READ] + (f->host_cap ? f->gbps[CH_HOST_READ] : 0);
+    uint32_t k = 0;
+    while (k < f->n) {
+        if (f->planned[k] <= f->capacity) {
+            k++;
+            continue;
+        }
+        uint32_t end = k;
+        uint64_t peak = 0;
+        double sum = 0, deficit = 0;
+        while (end < f->n && f->planned[end] > f->capacity) {
+            uint64_t e = f->planned[end] - f->capacity;
+            peak = e > peak ? e : peak;
+            sum += (double)e;
+            deficit += deficit_ns(f, end, read_gbps);
+            end++;
+        }
+        double run_ns = (double)peak / write_gbps;
+        for (uint32_t j = k; j < end; j++) {
+            double w = deficit > 0 ? deficit_ns(f, j, read_gbps) / deficit
+                                   : (double)(f->planned[j] - f->capacity) / sum;
+            extra_ns[j] += run_ns * w;
+        }
+        k = end;
+    }
+}
+
+/* Estimated cost of an attempt, ns: the stall it plans plus, for memory
+ * left above capacity, the on-demand swapping the replay will charge (each
+ * rise and fall of the excess moved at the SSD's speed). */
+static double attempt_cost(const fast *f, const double *extra_ns)
+{
+    double cost = 0, swap = 0;
+    for (uint32_t k = 0; k < f->n; k++) {
+        cost += extra_ns[k];
+        uint32_t p = k ? k - 1 : f->n - 1;
+        uint64_t o = f->planned[k] > f->capacity ? f->planned[k] - f->capacity : 0;
+        uint64_t q = f->planned[p] > f->capacity ? f->planned[p] - f->capacity : 0;
+        swap += (double)(o > q ? o - q : q - o);
+    }
+    return cost + swap / f->gbps[CH_SSD_WRITE];
 }
 
 static void fast_free(fast *f)
@@ -627,11 +716,12 @@ static void fast_free(fast *f)
     free(f->host.max);
     free(f->host.lazy);
     free(f->heap);
+    free(f->applied);
     free(f->migrations);
 }
 
 static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
-                     const tio_plan_options *opt)
+                     const tio_plan_options *opt, const double *extra_ns)
 {
     f->trace = trace;
     f->lt = lt;
@@ -640,13 +730,14 @@ static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
     f->host_cap = opt->host_cap_bytes;
     f->planned = malloc((size_t)f->n * sizeof *f->planned);
     f->heap = malloc(((size_t)lt->n_periods + 1) * sizeof *f->heap);
+    f->applied = calloc((size_t)lt->n_periods + 1, sizeof *f->applied);
     f->host.n = f->n;
     f->host.size = 1;
     while (f->host.size < f->n)
         f->host.size *= 2;
     f->host.max = calloc(2 * (size_t)f->host.size, sizeof *f->host.max);
     f->host.lazy = calloc(2 * (size_t)f->host.size, sizeof *f->host.lazy);
-    if (!f->planned || !f->heap || !f->host.max || !f->host.lazy)
+    if (!f->planned || !f->heap || !f->applied || !f->host.max || !f->host.lazy)
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
     memcpy(f->planned, lt->memory_bytes, (size_t)f->n * sizeof *f->planned);
     double gbps[N_CHANNELS] = {
@@ -657,8 +748,9 @@ static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
         [CH_HOST_READ] = opt->host_to_device_gbps > 0 ? opt->host_to_device_gbps
                                                        : opt->ssd_read_gbps,
     };
+    memcpy(f->gbps, gbps, sizeof gbps);
     for (int c = 0; c < N_CHANNELS; c++)
-        if (ch_init(&f->ch[c], f->n, gbps[c], trace))
+        if (ch_init(&f->ch[c], f->n, gbps[c], trace, extra_ns))
             return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
     if (ot_init(&f->over, f->planned, trace, f->capacity))
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
@@ -669,6 +761,7 @@ void tio_plan_fast_options_default(tio_plan_fast_options *fopt)
 {
     fopt->kind_mask = 0;
     fopt->best_tier = true;
+    fopt->planned_stalls = true;
 }
 
 int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
@@ -684,20 +777,55 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
         return rc;
     if (lt->n_kernels == 0)
         return tio_fail(-EINVAL, "tio_plan_build_fast: the trace has no kernels");
-    fast f;
-    memset(&f, 0, sizeof f);
+    tio_plan_fast_options fo;
     if (fopt)
-        f.fopt = *fopt;
+        fo = *fopt;
     else
-        tio_plan_fast_options_default(&f.fopt);
-    rc = fast_init(&f, trace, lt, opt);
-    if (!rc)
-        rc = fast_rounds(&f);
+        tio_plan_fast_options_default(&fo);
+    double *extra_ns = calloc(lt->n_kernels, sizeof *extra_ns);
+    if (!extra_ns)
+        return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", lt->n_kernels);
+    fast f;
+    double best_cost = 0;
+    bool have = false;
+    for (int attempt = 0, worse = 0; !rc && attempt <= STALL_ROUNDS && worse < 2; attempt++) {
+        fast g;
+        memset(&g, 0, sizeof g);
+        g.fopt = fo;
+        rc = fast_init(&g, trace, lt, opt, extra_ns);
+        if (!rc) {
+            fast_seed(&g);
+            rc = fast_rounds(&g);
+        }
+        if (rc) {
+            fast_free(&g);
+            break;
+        }
+        double cost = attempt_cost(&g, extra_ns);
+        bool over = g.over.min_over[1] != UINT64_MAX;
+        if (over && fo.planned_stalls)
+            add_planned_stalls(&g, extra_ns);
+        if (!have || cost < best_cost) {
+            if (have)
+                fast_free(&f);
+            f = g;
+            best_cost = cost;
+            have = true;
+            worse = 0;
+        } else {
+            fast_free(&g);
+            worse++;
+        }
+        if (!over || !fo.planned_stalls)
+            break;
+    }
+    free(extra_ns);
     if (!rc)
         rc = tio_plan_sort_migrations(f.migrations, f.n_migrations);
     tio_plan *plan = rc ? NULL : calloc(1, sizeof *plan);
     if (!plan) {
-        fast_free(&f);
+        if (have)
+            fast_free(&f);
         return rc ? rc : tio_fail(-ENOMEM, "out of memory for the plan");
     }
     plan->n_kernels = f.n;
