@@ -3,7 +3,9 @@
  *
  * teraio is the storage layer of LLM training: lifetime-aware tensor
  * offloading to SSD and host memory (trace -> lifetime -> plan -> runtime,
- * over one I/O engine).  Each module's header is its manual.
+ * over one I/O engine, with a simulator for planning at scale) and a
+ * streaming, stateful data loader with its tokenizers.  Each module's
+ * header is its manual.
  */
 #ifndef TERAIO_TERAIO_H
 #define TERAIO_TERAIO_H
@@ -14,4 +16,6 @@
 #include "teraio/engine.h"
 #include "teraio/runtime.h"
 #include "teraio/sim.h"
+#include "teraio/tok.h"
+#include "teraio/data.h"
 #endif
