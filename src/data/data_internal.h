@@ -123,6 +123,10 @@ int tio_data_reader_create(tio_dataset *ds, tio_data_reader **out);
 void tio_data_reader_destroy(tio_data_reader *r);
 /* Token count of a document. */
 int tio_data_doc_len(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t *n);
+/* Hint that token `off` of a document will be read soon (token files:
+ * prefetches its first cache lines; JSONL and unopened files: nothing). */
+void tio_data_doc_prefetch(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
+                           uint64_t off);
 /* Tokens [off, off + n) of a document into dst. */
 int tio_data_doc_read(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t off,
                       uint64_t n, uint32_t *dst);

@@ -941,6 +941,33 @@ static int convert(const uint8_t *p, int code, uint64_t n, uint32_t *dst, const 
     return 0;
 }
 
+void tio_data_doc_prefetch(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
+                           uint64_t off)
+{
+    tio_dataset *ds = r->ds;
+    if (sub >= ds->n_subs || file >= ds->subs[sub].n_files)
+        return;
+    tio_data_file *f = &ds->subs[sub].files[file];
+    if (!__atomic_load_n(&f->opened, __ATOMIC_ACQUIRE) || f->open_rc || doc >= f->n_docs)
+        return;
+    const uint8_t *p = NULL;
+    if (f->format == FMT_MEGATRON) {
+        uint64_t s = tio_mmidx_u64(f->idx.doc_index, doc);
+        if (s < f->idx.n_seqs)
+            p = f->map + tio_mmidx_u64(f->idx.pointers, s) +
+                off * (uint64_t)tio_mmidx_dtype_size(f->idx.dtype);
+    } else if (f->format == FMT_LLMC) {
+        p = f->map + 1024 + (f->doc_starts[2 * doc] + off) * (uint64_t)f->width;
+    } else if (f->format == FMT_ARROW) {
+        p = f->map + f->arrow.batches[doc].offset + off * (uint64_t)f->arrow.width;
+    }
+    if (!p)
+        return;
+    for (int k = 0; k < 8; k++)
+        if (p + 64 * k < f->map + f->map_len)
+            __builtin_prefetch(p + 64 * k);
+}
+
 int tio_data_doc_read(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t off,
                       uint64_t n, uint32_t *dst)
 {

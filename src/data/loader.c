@@ -471,8 +471,13 @@ static void sample_swap_spans(tio_gen_sample *a, tio_gen_sample *b)
 /* Read the tokens of a sample's spans. */
 static int sample_fill(tio_gen *g, tio_gen_sample *s)
 {
-    uint32_t at = 0;
+    uint32_t at = 0, bos = g->opts.bos ? 1 : 0;
     for (uint32_t i = 0; i < s->n_spans; i++) {
+        if (i + 1 < s->n_spans) { /* the next piece's first lines load while this one copies */
+            const tio_data_span *nx = &s->spans[i + 1];
+            tio_data_doc_prefetch(g->reader, nx->subdataset, nx->file, nx->doc,
+                                  nx->offset > bos ? nx->offset - bos : 0);
+        }
         int rc = tio_gen_read_span(g, &s->spans[i], s->tokens + at);
         if (rc)
             return rc;
@@ -594,9 +599,15 @@ static void *producer(void *arg)
             break;
         }
         if (ld->count == ld->n_slots) {
-            /* wait until the queue is half empty: fewer wake-ups */
+            /* the queue is full: yield a while (a fast consumer takes a
+             * sample within microseconds), then sleep until it has room */
+            pthread_mutex_unlock(&ld->lock);
+            for (int spin = 0; spin < SPIN_YIELDS &&
+                 __atomic_load_n(&ld->count, __ATOMIC_ACQUIRE) == ld->n_slots; spin++)
+                sched_yield();
+            pthread_mutex_lock(&ld->lock);
             ld->producer_waiting = true;
-            while (ld->count > ld->n_slots / 2 && !ld->stop)
+            while (ld->count == ld->n_slots && !ld->stop)
                 pthread_cond_wait(&ld->cond, &ld->lock);
             ld->producer_waiting = false;
         }
@@ -814,7 +825,7 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
             free(ld->snaps[i].blob);
         memmove(ld->snaps, ld->snaps + keep, (ld->n_snaps - keep) * sizeof *ld->snaps);
         ld->n_snaps -= keep;
-        if (ld->producer_waiting && ld->count <= ld->n_slots / 2)
+        if (ld->producer_waiting)
             pthread_cond_broadcast(&ld->cond);
         pthread_mutex_unlock(&ld->lock);
     }
