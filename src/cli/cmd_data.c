@@ -826,9 +826,10 @@ static int cmd_bench_loader(int argc, char **argv)
         tio_data_subdataset_info in;
         tio_dataset_info(ds, s, &in);
         if (in.n_tokens == 0) {
+            cli_error(CMD, "%s/%s: no token count (JSONL?): bench needs token files; run "
+                      "'teraio data ingest' first", root, in.name);
             tio_dataset_destroy(ds);
-            return cli_error(CMD, "%s/%s: no token count (JSONL?): bench needs token files; "
-                             "run 'teraio data ingest' first", root, in.name);
+            return 1;
         }
         tokens += in.n_tokens;
         file_bytes += in.bytes;

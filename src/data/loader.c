@@ -472,12 +472,13 @@ static void sample_swap_spans(tio_gen_sample *a, tio_gen_sample *b)
 static int sample_fill(tio_gen *g, tio_gen_sample *s)
 {
     uint32_t at = 0, bos = g->opts.bos ? 1 : 0;
+    /* the pieces' first cache lines load together while the copying starts */
     for (uint32_t i = 0; i < s->n_spans; i++) {
-        if (i + 1 < s->n_spans) { /* the next piece's first lines load while this one copies */
-            const tio_data_span *nx = &s->spans[i + 1];
-            tio_data_doc_prefetch(g->reader, nx->subdataset, nx->file, nx->doc,
-                                  nx->offset > bos ? nx->offset - bos : 0);
-        }
+        const tio_data_span *sp = &s->spans[i];
+        tio_data_doc_prefetch(g->reader, sp->subdataset, sp->file, sp->doc,
+                              sp->offset > bos ? sp->offset - bos : 0);
+    }
+    for (uint32_t i = 0; i < s->n_spans; i++) {
         int rc = tio_gen_read_span(g, &s->spans[i], s->tokens + at);
         if (rc)
             return rc;
