@@ -279,9 +279,11 @@ typedef struct {
     char msg[8192];
     uint32_t done;
     uint64_t all_tokens, all_docs;
-    bool progress;
-    double t0;
+    bool progress;    /* stderr is a terminal: a progress line, redrawn */
+    double t0, last_progress;
 } ingest_ctx;
+
+static void ingest_progress(ingest_ctx *c);
 
 typedef struct {
     FILE *bin;
@@ -328,10 +330,18 @@ static int write_doc(void *arg, uint64_t doc, const uint32_t *ids, uint64_t n)
         if (n && fwrite(ids, 4, n, w->bin) != n)
             return -EIO;
     }
-    pthread_mutex_lock(&w->ctx->lock);
-    w->ctx->all_tokens += n;
-    w->ctx->all_docs++;
-    pthread_mutex_unlock(&w->ctx->lock);
+    ingest_ctx *c = w->ctx;
+    pthread_mutex_lock(&c->lock);
+    c->all_tokens += n;
+    c->all_docs++;
+    if (c->progress && (c->all_docs & 255) == 0) {
+        double t = now_s();
+        if (t - c->last_progress >= 0.25) {
+            c->last_progress = t;
+            ingest_progress(c);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
     return 0;
 }
 

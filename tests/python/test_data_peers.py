@@ -5,7 +5,9 @@ loader's ``state_dict``, restored together with a model by torch.distributed.che
 JSONL tokenized by a Hugging Face ``tokenizer.json`` (trained here with the
 ``tokenizers`` library) to exactly that library's ids, on several threads."""
 import json
+import subprocess
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,3 +171,32 @@ def test_unknown_tokenizer(bpe):
     _, root, _ = bpe
     with pytest.raises(TeraioError, match="unknown tokenizer 'gpt9'"):
         StreamingDataset(str(root), seq_len=8, tokenizer="gpt9")
+
+
+def teraio_cli():
+    from teraio._lib import lib
+    lib_path = Path(lib._name).resolve()
+    for cand in (lib_path.parent.parent / "bin" / "teraio", lib_path.parent.parent / "_bin" / "teraio"):
+        if cand.exists():
+            return str(cand)
+    pytest.skip(f"no teraio command beside {lib_path}")
+
+
+def test_ingest_output_read_by_megatron(bpe, tmp_path):
+    """`teraio data ingest` with the tokenizer.json writes Megatron files that
+    megatron-core's IndexedDataset reads back as exactly the tokenizers library's ids."""
+    path, root, want = bpe
+    out = tmp_path / "out"
+    r = subprocess.run([teraio_cli(), "data", "ingest", str(root), str(out), "--tokenizer",
+                        str(path), "--threads", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""   # no progress line when stderr is not a terminal
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    d = IndexedDataset(str(out / "text" / "a"))
+    assert len(d) == len(want)
+    assert [d[i].tolist() for i in range(len(d))] == want
+    assert d[0].dtype == np.uint16       # the vocabulary (400) fits
+    rows = (out / "counts.csv").read_text().splitlines()[1:]
+    assert rows == [f"text/a.bin,{len(want)},{sum(map(len, want))}"]
