@@ -100,6 +100,13 @@ def _take(buf: c_void_p, n: c_size_t) -> bytes:
         _libc.free(buf)
 
 
+def _copy_u32(ptr, n):
+    """n uint32 values at ptr (owned by the loader until its next call) as a new tensor."""
+    t = torch.empty(n, dtype=torch.int32)
+    ctypes.memmove(t.data_ptr(), ptr, 4 * n)
+    return t.view(torch.uint32)
+
+
 def state_file(directory, rank: int) -> Path:
     """The state file of `rank` inside a checkpoint directory."""
     return Path(directory) / f"loader-rank{rank:05d}.state"
@@ -239,13 +246,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         check(_ld_next(self._loader, byref(sp)))
         s = sp.contents
         n = s.seq_len
-        toks = torch.frombuffer(bytearray(ctypes.string_at(s.tokens, 4 * (n + 1))), dtype=torch.int32)
-        toks = toks.to(torch.int64) & 0xFFFFFFFF
-        pos = torch.frombuffer(bytearray(ctypes.string_at(s.position_ids, 4 * n)), dtype=torch.int32).to(torch.int64)
-        cu = torch.frombuffer(bytearray(ctypes.string_at(s.cu_seqlens, 4 * (s.n_segments + 1))),
-                              dtype=torch.int32)
-        out = {"input_ids": toks[:-1], "labels": toks[1:].clone(), "position_ids": pos,
-               "cu_seqlens": cu}
+        toks = _copy_u32(s.tokens, n + 1).to(torch.int64)   # ids up to 2^32 - 1
+        out = {"input_ids": toks[:-1], "labels": toks[1:].clone(), "position_ids":
+               _copy_u32(s.position_ids, n).to(torch.int64),
+               "cu_seqlens": _copy_u32(s.cu_seqlens, s.n_segments + 1).view(torch.int32)}
         if self.provenance:
             out["provenance"] = torch.tensor(
                 [[x.subdataset, x.file, x.doc, x.offset, x.length, x.epoch]
