@@ -6,9 +6,10 @@
  * each way, its SSDs, the host-memory cap, and the CPU's Adam throughput.
  * The simulator replays a trace under a strategy on a profile: a compute
  * stream runs the kernels in order; migration channels (SSD write, SSD
- * read, device->host, host->device) each move one transfer at a time, first
- * issued first served, at their bandwidth plus a fixed latency; a kernel
- * starts only when every transfer it waits for is done.  It reports the
+ * read, device->host, host->device) each serve their queued transfers
+ * earliest deadline first, preemptively (chunk by chunk), at their
+ * bandwidth plus a fixed latency per transfer; a kernel starts only when
+ * every transfer it waits for is done.  It reports the
  * steady-state iteration time, stall time, bytes moved per channel, peak
  * resident memory and the ratio to the ideal (unlimited memory, same
  * kernels).  The baselines' models are documented in docs/baselines.md.
@@ -132,8 +133,8 @@ TIO_API int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const t
                          const tio_plan *plan, tio_sim_report *out);
 
 /* Run one strategy: plan it if it plans (teraio-alg1: tio_plan_build;
- * teraio: tio_plan_build_fast; flashneuron: the fast planner limited to
- * activations and the SSD tier) and replay, or simulate the baseline's own
+ * teraio: tio_plan_build_fast with its defaults; flashneuron: the fast
+ * planner limited to activations and the SSD tier) and replay, or simulate the baseline's own
  * model (zero-offload, zero-infinity, lru: docs/baselines.md).  If
  * `plan_out` is not NULL and the strategy planned, the plan is handed over
  * (caller destroys it), else *plan_out is NULL.  Returns 0, -EINVAL,

@@ -562,8 +562,9 @@ static void print_paper_json(const paper_config *cfg, int n, const char *hw_name
     printf("{\n  \"hw\": \"%s\",\n  \"configs\": [\n", hw_name);
     for (int i = 0; i < n; i++) {
         const paper_config *c = &cfg[i];
-        printf("   {\"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"paper_m_pct\": %.1f, "
-               "\"traced_m_pct\": %.1f, \"results\": [\n", c->model, c->batch, c->seq,
+        printf("   {\"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"micro_batch\": %d, "
+               "\"shards\": %d, \"paper_m_pct\": %.1f, \"traced_m_pct\": %.1f, "
+               "\"results\": [\n", c->model, c->batch, c->seq, c->micro_batch, c->shards,
                c->paper_m_pct, c->traced_m_pct);
         for (int s = 0; s < TIO_SIM_N_STRATEGIES; s++)
             print_report_json(tio_sim_strategy_name((tio_sim_strategy)s), &c->rep[s],
