@@ -693,18 +693,21 @@ static void add_planned_stalls(const fast *f, double *extra_ns)
 
 /* Estimated cost of an attempt, ns: the stall it plans plus, for memory
  * left above capacity, the on-demand swapping the replay will charge (each
- * rise and fall of the excess moved at the SSD's speed). */
+ * rise and fall of the excess, and once out and back an excess present at
+ * every kernel, moved at the SSD's speed: src/sim/sim.c). */
 static double attempt_cost(const fast *f, const double *extra_ns)
 {
     double cost = 0, swap = 0;
+    uint64_t floor = UINT64_MAX;
     for (uint32_t k = 0; k < f->n; k++) {
         cost += extra_ns[k];
         uint32_t p = k ? k - 1 : f->n - 1;
         uint64_t o = f->planned[k] > f->capacity ? f->planned[k] - f->capacity : 0;
         uint64_t q = f->planned[p] > f->capacity ? f->planned[p] - f->capacity : 0;
         swap += (double)(o > q ? o - q : q - o);
+        floor = o < floor ? o : floor;
     }
-    return cost + swap / f->gbps[CH_SSD_WRITE];
+    return cost + (swap + 2.0 * (double)floor) / f->gbps[CH_SSD_WRITE];
 }
 
 static void fast_free(fast *f)

@@ -305,6 +305,64 @@ static void test_sim_random_properties(void **state)
     assert_true(overflowed > 0);
 }
 
+/* An optimizer-like burst: eight 1000-byte global tensors, each touched
+ * once per iteration by a 10 ns kernel after four 1000 ns kernels, on a
+ * 3000-byte device with 1 GB/s (1 byte/ns) SSD channels and no host tier.
+ * 5000 bytes must leave and come back every iteration, more than the
+ * 4080 bytes of budget the kernels' own time gives each channel, so no plan
+ * fits without stalling.  Algorithm 1's rule leaves the excess to on-demand
+ * swapping; with planned stalls the fast planner fits and the replayed
+ * iteration is shorter. */
+static void test_plan_planned_stalls(void **state)
+{
+    (void)state;
+    tio_trace *t;
+    assert_int_equal(tio_trace_create(NULL, &t), 0);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(tio_trace_add_tensor(t, 1000, TIO_KIND_OPTIMIZER_STATE, true, NULL,
+                                              NULL), 0);
+    assert_int_equal(tio_trace_add_tensor(t, 10, TIO_KIND_ACTIVATION, false, NULL, NULL), 0);
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(tio_trace_add_kernel(t, "mm", 1000), 0);
+        assert_int_equal(tio_trace_add_access(t, 8, 1), 0);
+    }
+    for (uint32_t i = 0; i < 8; i++) {
+        assert_int_equal(tio_trace_add_kernel(t, "adam", 10), 0);
+        assert_int_equal(tio_trace_add_access(t, i, 3), 0);
+    }
+    tio_lifetime *lt;
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    tio_hw hw;
+    memset(&hw, 0, sizeof hw);
+    snprintf(hw.name, sizeof hw.name, "burst");
+    hw.capacity_bytes = 3000;
+    hw.ssd_count = 1;
+    hw.ssd_read_gbps = hw.ssd_write_gbps = 1;
+    hw.pcie_h2d_gbps = hw.pcie_d2h_gbps = 2;
+    hw.cpu_adam_params_per_s = 1e9;
+    tio_plan_options o;
+    tio_hw_plan_options(&hw, &o);
+    uint64_t iter[2];
+    for (int stalls = 0; stalls < 2; stalls++) {
+        tio_plan_fast_options fo;
+        tio_plan_fast_options_default(&fo);
+        fo.planned_stalls = stalls;
+        tio_plan *p;
+        assert_int_equal(tio_plan_build_fast(t, lt, &o, &fo, &p), 0);
+        assert_true(p->fits == (stalls == 1));
+        tio_sim_report r;
+        assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), 0);
+        assert_int_equal(r.ideal_ns, 4080);
+        assert_true(stalls == 0 || r.overflow_bytes == 0);
+        iter[stalls] = r.iteration_ns;
+        tio_sim_report_free(&r);
+        tio_plan_destroy(p);
+    }
+    assert_true(iter[1] < iter[0]);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -313,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_sim_hand_no_stall),
         cmocka_unit_test(test_sim_hand_stalls),
         cmocka_unit_test(test_sim_strategy_names),
+        cmocka_unit_test(test_plan_planned_stalls),
         cmocka_unit_test(test_sim_random_properties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
