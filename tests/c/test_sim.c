@@ -280,6 +280,31 @@ static void test_sim_random_properties(void **state)
                     assert_true(r.stall_ns > 0 || r.overflow_bytes == 0);
                     overflowed++;
                 }
+                /* every prefetch follows its offload: per tensor, in trigger
+                 * order (offloads first at a kernel), the migrations alternate
+                 * offload, prefetch, ... cyclically, each pair with the same
+                 * bytes and tier */
+                for (uint32_t tn = 0; tn < t->n_tensors; tn++) {
+                    const tio_migration *first = NULL, *prev = NULL;
+                    for (uint32_t i = 0; i < plan->n_migrations; i++) {
+                        const tio_migration *m = &plan->migrations[i];
+                        if (m->tensor != tn)
+                            continue;
+                        if (prev) {
+                            assert_true(m->kind != prev->kind);
+                            if (m->kind == TIO_MIGRATION_PREFETCH)
+                                assert_true(m->bytes == prev->bytes && m->tier == prev->tier);
+                        } else {
+                            first = m;
+                        }
+                        prev = m;
+                    }
+                    if (first && first->kind == TIO_MIGRATION_PREFETCH) /* wraps */
+                        assert_true(prev->kind == TIO_MIGRATION_OFFLOAD &&
+                                    prev->bytes == first->bytes && prev->tier == first->tier);
+                    else if (first)
+                        assert_true(prev->kind == TIO_MIGRATION_PREFETCH);
+                }
                 /* bytes the planner booked on each channel fit bandwidth x time:
                  * the ideal iteration for Algorithm 1, the simulated one (which
                  * includes the stalls it plans) for the fast planner */
