@@ -11,6 +11,9 @@
  *                     3. offloads triggered at k: submit the write;
  *                     4. prefetches triggered at k: allocate (callback),
  *                        submit the read.
+ *                     A migration triggered and due at k is synchronous:
+ *                     its wait (and, for an offload, the release) follows
+ *                     its submission within the same call.
  *   ensure_resident:  a tensor needed now but not resident is fetched
  *                     urgently (ahead of queued I/O) and counted as a stall.
  *

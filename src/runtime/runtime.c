@@ -536,9 +536,21 @@ int tio_runtime_kernel_begin(tio_runtime *rt, uint32_t k, const char *name)
         [B_OFFLOAD_TRIGGER] = offload_trigger,
         [B_PREFETCH_TRIGGER] = prefetch_trigger,
     };
+    /* A migration triggered and due at the same kernel is synchronous: its
+     * deadline step runs right after its trigger (steps 1 and 2 ran before
+     * the transfer existed). */
+    static int (*const due_now[B_COUNT])(tio_runtime *, const tio_migration *) = {
+        [B_OFFLOAD_TRIGGER] = offload_deadline,
+        [B_PREFETCH_TRIGGER] = prefetch_deadline,
+    };
     for (int b = 0; b < B_COUNT; b++) {
-        for (uint32_t i = rt->bucket_start[b][k]; i < rt->bucket_start[b][k + 1]; i++)
-            keep_first(&first, step[b](rt, &rt->plan->migrations[rt->bucket_mig[b][i]]));
+        for (uint32_t i = rt->bucket_start[b][k]; i < rt->bucket_start[b][k + 1]; i++) {
+            const tio_migration *m = &rt->plan->migrations[rt->bucket_mig[b][i]];
+            int rc = step[b](rt, m);
+            if (rc == 0 && due_now[b] && m->deadline_kernel == k)
+                rc = due_now[b](rt, m);
+            keep_first(&first, rc);
+        }
     }
     return first;
 }
@@ -681,7 +693,7 @@ static bool matching_prefetch(const tio_plan *plan, const tio_migration *o, uint
  * and the memory would exceed the plan until their next offload.  Two cases:
  *   the offload's deadline wraps (deadline < trigger): the write is in
  *     flight at kernel 0 — start it now; the deadline releases the memory;
- *   the offload completed before the end (deadline > trigger) and the
+ *   the offload completed before the end (deadline >= trigger) and the
  *     prefetch trigger wraps (prefetch trigger < deadline): the tensor is
  *     away at kernel 0 — write it now, wait, release. */
 static int place_initially(tio_runtime *rt)
@@ -695,7 +707,7 @@ static int place_initially(tio_runtime *rt)
             rt->tensors[o->tensor].state != TENSOR_RESIDENT || !matching_prefetch(plan, o, &pre))
             continue;
         bool write_in_flight = o->deadline_kernel < o->trigger_kernel;
-        bool away = o->deadline_kernel > o->trigger_kernel && pre < o->deadline_kernel;
+        bool away = o->deadline_kernel >= o->trigger_kernel && pre < o->deadline_kernel;
         if (!write_in_flight && !away)
             continue;
         int rc = offload_trigger(rt, o);

@@ -862,6 +862,93 @@ static void test_first_iteration_starts_from_steady_state(void **state)
     tio_trace_destroy(tr);
 }
 
+/* Migrations triggered and due at the same kernel are synchronous, as
+ * tio_plan_check and the simulator treat them.  G (64 KiB + 1, global) is
+ * used only by kernel 1 of 6; the plan offloads it to SSD at kernel 3 with
+ * deadline 3, and prefetches it at kernel 1 of the next iteration with
+ * deadline 1.  The runtime used to run deadlines before triggers, so the
+ * offload was never released (G stayed resident for good) and the prefetch
+ * was only waited for by the use (a stall); the first iteration_begin also
+ * missed that G is away at kernel 0 (it tested deadline > trigger).  Now the
+ * resident bytes after every kernel_begin are exactly tio_plan_check's M'. */
+static void test_same_kernel_trigger_and_deadline(void **state)
+{
+    (void)state;
+    const uint64_t g_bytes = 65537;
+    static const char *const names[6] = {"a", "use_g", "c", "d", "e", "f"};
+    tio_trace *tr;
+    assert_int_equal(tio_trace_create("sync", &tr), 0);
+    uint32_t g;
+    assert_int_equal(tio_trace_add_tensor(tr, g_bytes, TIO_KIND_PARAMETER, true, "g", &g), 0);
+    for (uint32_t k = 0; k < 6; k++) {
+        assert_int_equal(tio_trace_add_kernel(tr, names[k], 1000), 0);
+        if (k == 1)
+            assert_int_equal(tio_trace_add_access(tr, g, TIO_ACCESS_READ), 0);
+    }
+    tio_migration m[2] = {
+        {.tensor = g, .kind = TIO_MIGRATION_PREFETCH, .trigger_kernel = 1, .deadline_kernel = 1,
+         .tier = TIO_TIER_SSD, .bytes = g_bytes},
+        {.tensor = g, .kind = TIO_MIGRATION_OFFLOAD, .trigger_kernel = 3, .deadline_kernel = 3,
+         .tier = TIO_TIER_SSD, .bytes = g_bytes},
+    };
+    tio_plan plan;
+    plan_init(&plan, m, 2);
+    plan.n_kernels = 6;
+    plan.n_tensors = 1;
+    assert_int_equal(tio_plan_check(&plan, tr, NULL), 0);
+    static const uint64_t want[6] = {0, 65537, 65537, 0, 0, 0}; /* G away over [3, 7) */
+    assert_memory_equal(plan.planned_memory_bytes, want, sizeof want);
+
+    char dir[4096];
+    make_dir(dir, sizeof dir);
+    tio_engine_options eo;
+    tio_engine_options_default(&eo);
+    const char *dirs[1] = {dir};
+    eo.dirs = dirs;
+    eo.n_dirs = 1;
+    eo.capacity_bytes = 1u << 20;
+    tio_engine *engine;
+    assert_int_equal(tio_engine_create(&eo, &engine), 0);
+
+    fake_framework fw = {.bytes = {g_bytes}};
+    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release};
+    tio_runtime *rt;
+    assert_int_equal(tio_runtime_create(&plan, tr, engine, &cb, &rt), 0);
+    fw.mem[0] = malloc(g_bytes);
+    assert_non_null(fw.mem[0]);
+    fill_pattern(fw.mem[0], g_bytes, 9);
+    assert_int_equal(tio_runtime_tensor_bind(rt, g, fw.mem[0], g_bytes), 0);
+
+    tio_runtime_stats s;
+    for (int it = 0; it < 2; it++) {
+        assert_int_equal(tio_runtime_iteration_begin(rt), 0);
+        for (uint32_t k = 0; k < 6; k++) {
+            assert_int_equal(tio_runtime_kernel_begin(rt, k, names[k]), 0);
+            if (k == 1) {
+                void *addr = NULL;
+                assert_int_equal(tio_runtime_ensure_resident(rt, g, &addr), 0);
+                assert_true(has_pattern(addr, g_bytes, 9));
+            }
+            tio_runtime_get_stats(rt, &s);
+            assert_int_equal(s.resident_bytes, want[k]);
+        }
+    }
+    tio_runtime_get_stats(rt, &s);
+    assert_int_equal(s.n_offloads, 3);   /* before iteration 0, at kernel 3 of both */
+    assert_int_equal(s.n_prefetches, 2); /* at kernel 1 of both */
+    assert_int_equal(fw.n_release[0], 3);
+    assert_int_equal(fw.n_allocate[0], 2);
+    assert_int_equal(s.stalls, 0);
+
+    assert_int_equal(tio_runtime_fetch_all(rt), 0);
+    tio_runtime_destroy(rt);
+    tio_engine_destroy(engine);
+    rmdir(dir);
+    free(fw.mem[0]);
+    free(plan.planned_memory_bytes);
+    tio_trace_destroy(tr);
+}
+
 /* With staging callbacks (device memory the engine cannot address), every
  * transfer goes through a staging buffer: one stage_out per offload (SSD
  * T0, host T2), one stage_in per prefetch, an unstage after each, a copy
@@ -942,6 +1029,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staged_round_trip, setup_staged, fixture_teardown),
         cmocka_unit_test(test_partial_staging_rejected),
         cmocka_unit_test(test_first_iteration_starts_from_steady_state),
+        cmocka_unit_test(test_same_kernel_trigger_and_deadline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
