@@ -77,7 +77,8 @@ typedef struct tio_plan {
 
 /* Build a plan with planner v1 (Algorithm 1).
  * Returns 0 (check plan->fits: a plan that cannot reach capacity is still
- * returned, best effort); -EINVAL (bad options); TIO_EINFEASIBLE when
+ * returned, best effort); -EINVAL (bad options, or a trace without kernels:
+ * a plan file needs at least one); TIO_EINFEASIBLE when
  * capacity < lt->max_active_bytes (the message names the kernel and its
  * need); -ENOMEM. */
 TIO_API int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
@@ -116,15 +117,19 @@ TIO_API int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
 TIO_API void tio_plan_destroy(tio_plan *plan);
 
 /* Write/read the plan file (docs/formats.md, "teraio-plan" version 1).
- * Save is atomic.  Load returns TIO_EPARSE/TIO_EVERSION with
+ * Save is atomic; it returns -EINVAL for a plan the reader would refuse
+ * (no valid kind/tier, kernel count outside 1 .. 2^31 - 1) and -errno of a
+ * failed system call.  Load returns TIO_EPARSE/TIO_EVERSION with
  * "path:line: field ..." in tio_last_error(). */
 TIO_API int tio_plan_save(const tio_plan *plan, const char *path);
 TIO_API int tio_plan_load(const char *path, tio_plan **out);
 TIO_API int tio_plan_parse(const char *text, size_t len, const char *origin, tio_plan **out);
 
 /* Check a plan against the trace it is applied to: every tensor id exists,
- * kernels in range, sizes match, offload/prefetch pairs balanced.  Fills
- * planned_memory_bytes if NULL.  Returns 0, TIO_EUNKNOWN (unknown tensor:
+ * kernels in range, sizes match, offload/prefetch pairs balanced, each pair
+ * inside one inactive period of its tensor, and two pairs of a tensor in the
+ * same period one after the other (the prefetch due before the next offload
+ * is issued, at an earlier kernel).  Fills planned_memory_bytes if NULL.  Returns 0, TIO_EUNKNOWN (unknown tensor:
  * the message names it), TIO_EPARSE (inconsistent), -ENOMEM. */
 TIO_API int tio_plan_check(tio_plan *plan, const tio_trace *trace, const tio_lifetime *lt);
 

@@ -78,6 +78,9 @@ int tio_plan_save(const tio_plan *plan, const char *path)
 {
     if (!plan || !path)
         return tio_fail(-EINVAL, "tio_plan_save: plan and path are required");
+    if (plan->n_kernels == 0 || plan->n_kernels > INT32_MAX)
+        return tio_fail(-EINVAL, "%s: a plan file holds 1 to %d kernels, this plan has %u", path,
+                        INT32_MAX, plan->n_kernels);
     for (uint32_t i = 0; i < plan->n_migrations; i++) {
         const tio_migration *m = &plan->migrations[i];
         if ((m->tier != TIO_TIER_SSD && m->tier != TIO_TIER_HOST) ||
@@ -397,8 +400,11 @@ static uint64_t unwrap(uint64_t x, uint64_t a, uint32_t n)
     return x > a ? x : x + n;
 }
 
-/* Add `delta` to diff[] over the unwrapped range [from, to), to <= from + n. */
-static void add_range(int64_t *diff, uint32_t n, uint64_t from, uint64_t to, int64_t delta)
+/* Add `delta` to diff[] over the unwrapped range [from, to), to <= from + n.
+ * Unsigned wrap-around in diff[] is harmless: every prefix sum is a true
+ * byte count below 2^64 (pairs of one tensor never overlap, and the trace
+ * keeps its total size below 2^64). */
+static void add_range(uint64_t *diff, uint32_t n, uint64_t from, uint64_t to, uint64_t delta)
 {
     uint64_t f = from % n, len = to - from;
     if (len == 0)
@@ -416,9 +422,10 @@ static void add_range(int64_t *diff, uint32_t n, uint64_t from, uint64_t to, int
 
 /* Is [off, pre) of tensor t (offload issued at `issue`, prefetch due at
  * `due`) inside one inactive period?  On success the unwrapped kernels are
- * stored relative to that period's last use. */
+ * stored relative to that period's last use, and the period's index in
+ * *period. */
 static bool inside_period(const tio_lifetime *lt, uint32_t t, const tio_migration *o,
-                          const tio_migration *p, uint64_t ks[4])
+                          const tio_migration *p, uint64_t ks[4], uint32_t *period)
 {
     uint32_t n = lt->n_kernels, lo = 0, hi = lt->n_periods;
     while (lo < hi) {
@@ -434,6 +441,7 @@ static bool inside_period(const tio_lifetime *lt, uint32_t t, const tio_migratio
         uint64_t pre = unwrap(p->trigger_kernel, a, n), due = unwrap(p->deadline_kernel, a, n);
         if (issue <= off && off < pre && pre <= due && due <= b) {
             ks[0] = issue, ks[1] = off, ks[2] = pre, ks[3] = due;
+            *period = i;
             return true;
         }
     }
@@ -471,11 +479,54 @@ static int check_migrations(const tio_plan *plan, const tio_trace *trace)
     return 0;
 }
 
+/* The kernels one offload/prefetch pair spans, from the offload's issue to
+ * the prefetch's deadline, unwrapped relative to its inactive period. */
+typedef struct {
+    uint32_t period;         /* index into lt->periods */
+    uint64_t issue, off, pre, due;
+    uint32_t offload, prefetch; /* indices into plan->migrations */
+} span;
+
+static int cmp_span(const void *x, const void *y)
+{
+    const span *a = x, *b = y;
+    if (a->period != b->period)
+        return a->period < b->period ? -1 : 1;
+    if (a->issue != b->issue)
+        return a->issue < b->issue ? -1 : 1;
+    if (a->due != b->due)
+        return a->due < b->due ? -1 : 1;
+    return a->offload < b->offload ? -1 : a->offload > b->offload;
+}
+
+/* Two pairs of one tensor inside the same inactive period must follow each
+ * other: the tensor is back (prefetch due) at a kernel before the one where
+ * it is written out again (offload issued).  Otherwise the second offload
+ * finds the tensor away or still arriving and the runtime skips it, so the
+ * M' derived here would never happen.  (At a shared kernel the runtime
+ * issues offloads before prefetches, so the bound is strict.)  Pairs in
+ * different periods cannot overlap: a pair lies within (last use, next use]
+ * of its period, and the next period starts after that use. */
+static int check_spans(const tio_plan *plan, span *s, uint32_t n)
+{
+    qsort(s, n, sizeof *s, cmp_span);
+    for (uint32_t i = 1; i < n; i++) {
+        if (s[i].period != s[i - 1].period || s[i - 1].due < s[i].issue)
+            continue;
+        const tio_migration *p = &plan->migrations[s[i - 1].prefetch];
+        const tio_migration *o = &plan->migrations[s[i].offload];
+        return tio_fail(TIO_EPARSE, "offload of tensor %u issued at kernel %u overlaps its "
+                        "earlier prefetch due at kernel %u (the tensor must be back first)",
+                        o->tensor, o->trigger_kernel, p->deadline_kernel);
+    }
+    return 0;
+}
+
 /* Pair the edges of one tensor (e[0..m), sorted by kernel): around the
  * iteration they must alternate offload, prefetch.  Each pair's ranges are
- * added to the difference arrays. */
+ * added to the difference arrays; `spans` has room for m / 2 pairs. */
 static int pair_tensor(const tio_plan *plan, const tio_lifetime *lt, const edge *e, uint32_t m,
-                       int64_t *resident, int64_t *host)
+                       uint64_t *resident, uint64_t *host, span *spans)
 {
     uint32_t n = plan->n_kernels;
     for (uint32_t i = 0; i < m; i++) {
@@ -491,35 +542,43 @@ static int pair_tensor(const tio_plan *plan, const tio_lifetime *lt, const edge 
             return tio_fail(TIO_EPARSE, "tensor %u is both released and retaken at kernel %u",
                             x->tensor, x->kernel);
     }
-    uint32_t first = e[0].kind == TIO_MIGRATION_OFFLOAD ? 0 : 1;
+    uint32_t first = e[0].kind == TIO_MIGRATION_OFFLOAD ? 0 : 1, n_spans = 0;
     for (uint32_t i = first; i < m + first; i += 2) {
         const tio_migration *o = &plan->migrations[e[i % m].index];
         const tio_migration *p = &plan->migrations[e[(i + 1) % m].index];
         uint64_t ks[4];
+        uint32_t period;
         if (o->tier != p->tier)
             return tio_fail(TIO_EPARSE, "offload and prefetch of tensor %u (kernels %u and %u) "
                             "disagree on the tier", o->tensor, o->deadline_kernel,
                             p->trigger_kernel);
-        if (!inside_period(lt, o->tensor, o, p, ks))
+        if (!inside_period(lt, o->tensor, o, p, ks, &period))
             return tio_fail(TIO_EPARSE, "tensor %u is not idle from kernel %u (offload issued) "
                             "to kernel %u (prefetch due)", o->tensor, o->trigger_kernel,
                             p->deadline_kernel);
-        add_range(resident, n, ks[1], ks[2], (int64_t)o->bytes);
-        if (o->tier == TIO_TIER_HOST)
-            add_range(host, n, ks[0], ks[3], (int64_t)o->bytes);
+        spans[n_spans++] = (span){period, ks[0], ks[1], ks[2], ks[3], e[i % m].index,
+                                  e[(i + 1) % m].index};
     }
-    return 0;
+    int rc = check_spans(plan, spans, n_spans);
+    for (uint32_t i = 0; !rc && i < n_spans; i++) {
+        const tio_migration *o = &plan->migrations[spans[i].offload];
+        add_range(resident, n, spans[i].off, spans[i].pre, o->bytes);
+        if (o->tier == TIO_TIER_HOST)
+            add_range(host, n, spans[i].issue, spans[i].due, o->bytes);
+    }
+    return rc;
 }
 
 static int check_pairs(tio_plan *plan, const tio_lifetime *lt)
 {
     uint32_t n = plan->n_kernels, nm = plan->n_migrations;
     edge *e = malloc(((size_t)nm + 1) * sizeof *e);
-    int64_t *offloaded = calloc((size_t)n + 1, sizeof *offloaded);
-    int64_t *host = calloc((size_t)n + 1, sizeof *host);
+    span *spans = malloc(((size_t)nm / 2 + 1) * sizeof *spans);
+    uint64_t *offloaded = calloc((size_t)n + 1, sizeof *offloaded);
+    uint64_t *host = calloc((size_t)n + 1, sizeof *host);
     uint64_t *planned = malloc((size_t)n * sizeof *planned);
     int rc = 0;
-    if (!e || !offloaded || !host || !planned) {
+    if (!e || !spans || !offloaded || !host || !planned) {
         rc = tio_fail(-ENOMEM, "out of memory checking a plan of %u migrations", nm);
         goto out;
     }
@@ -533,24 +592,23 @@ static int check_pairs(tio_plan *plan, const tio_lifetime *lt)
     for (uint32_t i = 0, j; !rc && i < nm; i = j) {
         for (j = i + 1; j < nm && e[j].tensor == e[i].tensor; j++)
             ;
-        rc = pair_tensor(plan, lt, e + i, j - i, offloaded, host);
+        rc = pair_tensor(plan, lt, e + i, j - i, offloaded, host, spans);
     }
     if (rc)
         goto out;
-    int64_t away = 0, parked = 0;
-    uint64_t peak = 0, peak_host = 0;
+    uint64_t away = 0, parked = 0, peak = 0, peak_host = 0;
     for (uint32_t k = 0; k < n; k++) {
         away += offloaded[k];
         parked += host[k];
-        if ((uint64_t)away > lt->memory_bytes[k]) {
-            rc = tio_fail(TIO_EPARSE, "plan offloads %lld bytes at kernel %u, more than the "
-                          "%llu bytes live there", (long long)away, k,
+        if (away > lt->memory_bytes[k]) {
+            rc = tio_fail(TIO_EPARSE, "plan offloads %llu bytes at kernel %u, more than the "
+                          "%llu bytes live there", (unsigned long long)away, k,
                           (unsigned long long)lt->memory_bytes[k]);
             goto out;
         }
-        planned[k] = lt->memory_bytes[k] - (uint64_t)away;
+        planned[k] = lt->memory_bytes[k] - away;
         peak = planned[k] > peak ? planned[k] : peak;
-        peak_host = (uint64_t)parked > peak_host ? (uint64_t)parked : peak_host;
+        peak_host = parked > peak_host ? parked : peak_host;
     }
     if (!plan->planned_memory_bytes) {
         plan->planned_memory_bytes = planned;
@@ -562,6 +620,7 @@ static int check_pairs(tio_plan *plan, const tio_lifetime *lt)
     }
 out:
     free(e);
+    free(spans);
     free(offloaded);
     free(host);
     free(planned);

@@ -287,6 +287,8 @@ int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
         return tio_fail(-EINVAL, "lifetime analysis (%u kernels, %u tensors) is not of this "
                         "trace (%u kernels, %u tensors)", lt->n_kernels, lt->n_tensors,
                         trace->n_kernels, trace->n_tensors);
+    if (trace->n_kernels == 0)
+        return tio_fail(-EINVAL, "the trace has no kernels: there is nothing to plan");
     if (opt->capacity_bytes == 0)
         return tio_fail(-EINVAL, "capacity must be > 0 bytes");
     if (!(opt->ssd_read_gbps > 0) || !isfinite(opt->ssd_read_gbps) ||

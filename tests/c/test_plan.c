@@ -518,6 +518,86 @@ static void test_plan_check_errors(void **state)
                        "(prefetch due)");
 }
 
+/* Two pairs of P inside its one period (0, 7) that overlap: the second
+ * offload is issued at kernel 1, while the first pair has P away until its
+ * prefetch is due at kernel 4.  The runtime would skip that offload, so the
+ * M' the check used to derive (P away over [2, 3) and [4, 5)) never
+ * happened.  Found by feeding random plans to the check and the runtime. */
+static void test_plan_check_overlapping_pairs(void **state)
+{
+    fixture *f = *state;
+    expect_check_error(f, HEAD "offload 0 1 2 ssd 1000\nprefetch 0 3 4 ssd 1000\n"
+                              "offload 0 1 4 ssd 1000\nprefetch 0 5 7 ssd 1000\n",
+                       TIO_EPARSE, "offload of tensor 0 issued at kernel 1 overlaps its earlier "
+                       "prefetch due at kernel 4 (the tensor must be back first)");
+    /* Back at kernel 3 and written out again from kernel 3: at one kernel
+     * the runtime issues offloads before prefetches, so this is refused too. */
+    expect_check_error(f, HEAD "offload 0 1 2 ssd 1000\nprefetch 0 3 3 ssd 1000\n"
+                              "offload 0 3 4 ssd 1000\nprefetch 0 5 7 ssd 1000\n",
+                       TIO_EPARSE, "offload of tensor 0 issued at kernel 3 overlaps its earlier "
+                       "prefetch due at kernel 3 (the tensor must be back first)");
+    /* One kernel later it is a valid plan: P away over [2, 3) and [5, 6). */
+    const char *text = HEAD "offload 0 1 2 ssd 1000\nprefetch 0 3 3 ssd 1000\n"
+                            "offload 0 4 5 ssd 1000\nprefetch 0 6 7 ssd 1000\n";
+    tio_plan *plan;
+    assert_int_equal(tio_plan_parse(text, strlen(text), "mem", &plan), 0);
+    assert_int_equal(tio_plan_check(plan, f->trace, f->lt), 0);
+    static const uint64_t want[8] = {1500, 3500, 3500, 5000, 5000, 3500, 3500, 1500};
+    assert_memory_equal(plan->planned_memory_bytes, want, sizeof want);
+    tio_plan_destroy(plan);
+}
+
+/* A tensor of 2^63 bytes: the check's difference arrays used int64_t and
+ * overflowed (UBSan: "0 - -9223372036854775808").  T0 (2^63 B, global) is
+ * used at kernels 0 and 3, T1 (4 KiB) over 1..2; T0 is away over [1, 2). */
+static void test_plan_check_huge_tensor(void **state)
+{
+    (void)state;
+    const char *trace_text = "teraio-trace 1\ncounts 2 4 4\n"
+                             "tensor 0 9223372036854775808 parameter global\n"
+                             "tensor 1 4096 activation intermediate\n"
+                             "kernel 0 1000 a r:0\nkernel 1 1000 b w:1\n"
+                             "kernel 2 1000 c r:1\nkernel 3 1000 d r:0\n";
+    const char *plan_text = "teraio-plan 1\nkernels 4 tensors 2 capacity 9223372036854775808\n"
+                            "offload 0 1 1 ssd 9223372036854775808\n"
+                            "prefetch 0 2 3 ssd 9223372036854775808\n";
+    tio_trace *t;
+    tio_plan *plan;
+    assert_int_equal(tio_trace_parse(trace_text, strlen(trace_text), "mem", &t), 0);
+    assert_int_equal(tio_plan_parse(plan_text, strlen(plan_text), "mem", &plan), 0);
+    assert_int_equal(tio_plan_check(plan, t, NULL), 0);
+    const uint64_t e63 = 1ull << 63;
+    const uint64_t want[4] = {e63, 4096, e63 + 4096, e63};
+    assert_memory_equal(plan->planned_memory_bytes, want, sizeof want);
+    assert_int_equal(plan->planned_peak_bytes, e63 + 4096);
+    assert_false(plan->fits);
+    assert_int_equal(plan->bytes_to_ssd, e63);
+    tio_plan_destroy(plan);
+    tio_trace_destroy(t);
+}
+
+/* A trace without kernels used to get a plan whose file ("kernels 0") the
+ * reader refuses, so `teraio plan` wrote what `teraio check` could not load. */
+static void test_plan_no_kernels(void **state)
+{
+    (void)state;
+    tio_trace *t;
+    tio_lifetime *lt;
+    assert_int_equal(tio_trace_create(NULL, &t), 0);
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    tio_plan_options o = options(1, 2.0, 1.0);
+    tio_plan *plan = (tio_plan *)1;
+    assert_int_equal(tio_plan_build(t, lt, &o, &plan), -EINVAL);
+    assert_null(plan);
+    assert_string_equal(tio_last_error(), "the trace has no kernels: there is nothing to plan");
+    tio_plan empty = {.n_kernels = 0, .capacity_bytes = 1};
+    char *path = tmp_path("no-kernels.plan");
+    assert_int_equal(tio_plan_save(&empty, path), -EINVAL);
+    assert_int_equal(access(path, F_OK), -1);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
 /* ---- property: the planner's M' is what its migrations imply ----------------
  * For random traces (fixed seed) the planner's own M' (range updates per
  * round) must equal the M' tio_plan_check derives independently from the
@@ -626,6 +706,9 @@ int main(void)
         cmocka_unit_test(test_plan_parse_errors),
         cmocka_unit_test(test_plan_load_missing_file),
         cmocka_unit_test(test_plan_check_errors),
+        cmocka_unit_test(test_plan_check_overlapping_pairs),
+        cmocka_unit_test(test_plan_check_huge_tensor),
+        cmocka_unit_test(test_plan_no_kernels),
         cmocka_unit_test(test_plan_random_traces_check),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
