@@ -43,7 +43,8 @@ static void usage(FILE *f)
             "       teraio data sample DIR [--seq-len N] [--count N] [--seed N] [--rank R]\n"
             "                          [--world-size W] [--logical-shards L] [--eos-id N]\n"
             "                          [--resume STATE] [--save STATE] [--ids]\n"
-            "       teraio data bench DIR [--seq-len N] [--seconds S] [--prefetch N] [--json]\n"
+            "       teraio data bench DIR [--seq-len N] [--seconds S] [--prefetch N]\n"
+            "                         [--fill-threads N] [--json]\n"
             "\n"
             "inspect  sub-datasets of a dataset root (one folder each), their files,\n"
             "         documents and tokens (JSONL tokens are counted only by ingest).\n"
@@ -63,7 +64,8 @@ static void usage(FILE *f)
             "         memcpy of the dataset's token bytes into a sample-sized buffer, both\n"
             "         after one pass over the files (page cache); the two alternate 3\n"
             "         times for S seconds each (default 2) and the best run of each counts.\n"
-            "         --prefetch: the loader's queue (0: no thread), default 8.\n");
+            "         --prefetch: the loader's queue (0: no thread), default 8;\n"
+            "         --fill-threads: threads reading tokens (default: the loader's).\n");
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -800,14 +802,15 @@ static double memcpy_rate(const mapped *m, uint32_t n, size_t chunk, double seco
 static int cmd_bench_loader(int argc, char **argv)
 {
     const char *root = NULL;
-    uint32_t seq_len = 4096, prefetch = 8;
+    uint32_t seq_len = 4096, prefetch = 8, fill = UINT32_MAX;
     double seconds = 2;
     bool json = false;
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "--json")) {
             json = true;
-        } else if (!strcmp(o, "--seq-len") || !strcmp(o, "--seconds") || !strcmp(o, "--prefetch")) {
+        } else if (!strcmp(o, "--seq-len") || !strcmp(o, "--seconds") || !strcmp(o, "--prefetch") ||
+                   !strcmp(o, "--fill-threads")) {
             if (!v)
                 return usage_error("%s needs a value", o);
             i++;
@@ -817,6 +820,8 @@ static int cmd_bench_loader(int argc, char **argv)
                 return usage_error("--seconds '%s': expected a positive number up to 3600", v);
             if (!strcmp(o, "--prefetch") && parse_u32(v, 0, 4096, &prefetch))
                 return usage_error("--prefetch '%s': expected an integer from 0 to 4096", v);
+            if (!strcmp(o, "--fill-threads") && parse_u32(v, 0, 64, &fill))
+                return usage_error("--fill-threads '%s': expected an integer from 0 to 64", v);
         } else if (o[0] == '-') {
             return usage_error("unknown option '%s'", o);
         } else if (root) {
@@ -857,6 +862,8 @@ static int cmd_bench_loader(int argc, char **argv)
     tio_loader_options_default(&o);
     o.seq_len = seq_len;
     o.prefetch = prefetch;
+    if (fill != UINT32_MAX)
+        o.fill_threads = fill;
     tio_loader *ld = NULL;
     int status = 0;
     if (!dst) {
@@ -898,10 +905,11 @@ static int cmd_bench_loader(int argc, char **argv)
         printf("{\"dataset\": ");
         json_string(stdout, root);
         printf(", \"seq_len\": %u, \"subdatasets\": %u, \"samples\": %llu, "
-               "\"seconds_per_run\": %g, \"runs\": %d, \"prefetch\": %u, \"bytes_per_token\": %.3f, \"tokens_per_s\": %.0f, "
+               "\"seconds_per_run\": %g, \"runs\": %d, \"prefetch\": %u, \"fill_threads\": %u, \"bytes_per_token\": %.3f, \"tokens_per_s\": %.0f, "
                "\"samples_per_s\": %.1f, \"memcpy_tokens_per_s\": %.0f, \"ratio\": %.4f, "
                "\"checksum\": %llu}\n", seq_len, tio_dataset_n_subdatasets(ds),
-               (unsigned long long)samples_total, seconds, RUNS, prefetch, bytes_per_token, best,
+               (unsigned long long)samples_total, seconds, RUNS, prefetch, o.fill_threads,
+               bytes_per_token, best,
                best / (seq_len + 1), mem, best / mem, (unsigned long long)check);
     } else {
         printf("loader  %12.1f M tokens/s  (%.1f samples/s of %u + 1 tokens, shuffle 64, %u "

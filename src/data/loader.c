@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "data/loader_internal.h"
@@ -25,6 +26,9 @@ void tio_loader_options_default(tio_loader_options *opts)
     opts->logical_shards = 2048;
     opts->shuffle_buffer = 64;
     opts->prefetch = 8;
+    /* on small machines more threads only compete with the producer and the
+     * training loop for the same cores */
+    opts->fill_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2 : 0;
 }
 
 /* ---- logical shards ------------------------------------------------------- */
@@ -390,33 +394,39 @@ static int draw_doc(tio_gen *g)
     }
 }
 
-int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst)
+/* Read a span's packed tokens through reader r. */
+static int read_span(tio_data_reader *r, const tio_dataset *ds, const tio_loader_options *o,
+                     const tio_data_span *sp, uint32_t *dst)
 {
     uint64_t len;
-    int rc = tio_data_doc_len(g->reader, sp->subdataset, sp->file, sp->doc, &len);
+    int rc = tio_data_doc_len(r, sp->subdataset, sp->file, sp->doc, &len);
     if (rc)
         return rc;
-    uint32_t bos = g->opts.bos ? 1 : 0;
+    uint32_t bos = o->bos ? 1 : 0;
     uint64_t vlen = len + 1 + bos, a = sp->offset, b = (uint64_t)sp->offset + sp->length;
     if (b > vlen)
         return tio_fail(TIO_ESTATE, "%s: document %llu has %llu packed tokens, the state names "
-                        "[%llu, %llu)", g->ds->subs[sp->subdataset].files[sp->file].rel,
+                        "[%llu, %llu)", ds->subs[sp->subdataset].files[sp->file].rel,
                         (unsigned long long)sp->doc, (unsigned long long)vlen,
                         (unsigned long long)a, (unsigned long long)b);
     if (bos && a == 0) {
-        *dst++ = g->opts.bos_id;
+        *dst++ = o->bos_id;
         a = 1;
     }
     uint64_t tb = b < vlen ? b : vlen - 1; /* end of the document's own tokens */
     if (tb > a) {
-        if ((rc = tio_data_doc_read(g->reader, sp->subdataset, sp->file, sp->doc, a - bos, tb - a,
-                                    dst)) != 0)
+        if ((rc = tio_data_doc_read(r, sp->subdataset, sp->file, sp->doc, a - bos, tb - a, dst)) != 0)
             return rc;
         dst += tb - a;
     }
     if (b == vlen)
-        *dst = g->opts.eos_id;
+        *dst = o->eos_id;
     return 0;
+}
+
+int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst)
+{
+    return read_span(g->reader, g->ds, &g->opts, sp, dst);
 }
 
 /* Fill the partial sample up to S tokens (its spans: the tokens are read
@@ -468,19 +478,22 @@ static void sample_swap_spans(tio_gen_sample *a, tio_gen_sample *b)
     b->tokens = tb;
 }
 
-/* Read the tokens of a sample's spans. */
-static int sample_fill(tio_gen *g, tio_gen_sample *s)
+/* Read the tokens of a sample's spans through reader r. */
+static int sample_fill(tio_data_reader *r, const tio_dataset *ds, const tio_loader_options *o,
+                       tio_gen_sample *s)
 {
-    uint32_t at = 0, bos = g->opts.bos ? 1 : 0;
+    int rc = sample_alloc(s, o->seq_len + 1);
+    if (rc)
+        return rc;
+    uint32_t at = 0, bos = o->bos ? 1 : 0;
     /* the pieces' first cache lines load together while the copying starts */
     for (uint32_t i = 0; i < s->n_spans; i++) {
         const tio_data_span *sp = &s->spans[i];
-        tio_data_doc_prefetch(g->reader, sp->subdataset, sp->file, sp->doc,
+        tio_data_doc_prefetch(r, sp->subdataset, sp->file, sp->doc,
                               sp->offset > bos ? sp->offset - bos : 0);
     }
     for (uint32_t i = 0; i < s->n_spans; i++) {
-        int rc = tio_gen_read_span(g, &s->spans[i], s->tokens + at);
-        if (rc)
+        if ((rc = read_span(r, ds, o, &s->spans[i], s->tokens + at)) != 0)
             return rc;
         at += s->spans[i].length;
     }
@@ -496,8 +509,6 @@ static void sample_reset(tio_gen_sample *s)
 int tio_gen_next(tio_gen *g, tio_gen_sample *out)
 {
     int rc;
-    if (!g->skip_tokens && (rc = sample_alloc(out, g->S)) != 0)
-        return rc;
     uint64_t pick = tio_mix64(g->opts.seed ^ 0x5348554646ull ^ tio_mix64(g->produced));
     for (;;) {
         if (g->n_buf > g->opts.shuffle_buffer) { /* after a rescale or a smaller buffer */
@@ -527,7 +538,7 @@ int tio_gen_next(tio_gen *g, tio_gen_sample *out)
     }
     sample_reset(&g->partial);
     g->produced++;
-    return g->skip_tokens ? 0 : sample_fill(g, out);
+    return g->skip_tokens ? 0 : sample_fill(g->reader, g->ds, &g->opts, out);
 }
 
 /* ---- the threaded loader --------------------------------------------------- */
@@ -552,6 +563,11 @@ struct tio_loader {
     pthread_cond_t cond;
     tio_gen_sample *slots;
     uint32_t n_slots, head, count;
+    /* fill threads: slots [head, head + n_claimed) are being or have been
+     * filled; filled[i] says slot i's tokens are in */
+    pthread_t *fillers;
+    uint32_t n_fillers, n_claimed, fillers_waiting;
+    bool *filled;
     int error;
     char error_msg[1024];
     snapshot *snaps;
@@ -583,6 +599,61 @@ static int add_snapshot(tio_loader *ld)
     return rc;
 }
 
+static void loader_error(tio_loader *ld, int rc)
+{
+    if (!ld->error) {
+        ld->error = rc;
+        snprintf(ld->error_msg, sizeof ld->error_msg, "%s", tio_last_error());
+    }
+    pthread_cond_broadcast(&ld->cond);
+}
+
+/* A fill thread: read the tokens of the oldest planned sample, in its own
+ * reader, while the producer plans the next ones. */
+static void *filler(void *arg)
+{
+    tio_loader *ld = arg;
+    tio_data_reader *r = NULL;
+    int rc = tio_data_reader_create(ld->ds, &r);
+    pthread_mutex_lock(&ld->lock);
+    if (rc)
+        loader_error(ld, rc);
+    while (!rc) {
+        if (ld->n_claimed == ld->count) { /* yield a while before sleeping */
+            pthread_mutex_unlock(&ld->lock);
+            for (int spin = 0; spin < SPIN_YIELDS; spin++) {
+                sched_yield();
+                pthread_mutex_lock(&ld->lock);
+                bool work = ld->n_claimed < ld->count || ld->stop || ld->error;
+                pthread_mutex_unlock(&ld->lock);
+                if (work)
+                    break;
+            }
+            pthread_mutex_lock(&ld->lock);
+        }
+        ld->fillers_waiting++;
+        while (ld->n_claimed == ld->count && !ld->stop && !ld->error)
+            pthread_cond_wait(&ld->cond, &ld->lock);
+        ld->fillers_waiting--;
+        if (ld->stop || ld->error)
+            break;
+        uint32_t i = (ld->head + ld->n_claimed++) % ld->n_slots;
+        pthread_mutex_unlock(&ld->lock);
+        rc = sample_fill(r, ld->ds, &ld->opts, &ld->slots[i]);
+        pthread_mutex_lock(&ld->lock);
+        if (rc) {
+            loader_error(ld, rc);
+            break;
+        }
+        __atomic_store_n(&ld->filled[i], true, __ATOMIC_RELEASE);
+        if (ld->consumer_waiting)
+            pthread_cond_broadcast(&ld->cond);
+    }
+    pthread_mutex_unlock(&ld->lock);
+    tio_data_reader_destroy(r);
+    return NULL;
+}
+
 static void *producer(void *arg)
 {
     tio_loader *ld = arg;
@@ -593,9 +664,7 @@ static void *producer(void *arg)
             rc = add_snapshot(ld);
         pthread_mutex_lock(&ld->lock);
         if (rc) {
-            ld->error = rc;
-            snprintf(ld->error_msg, sizeof ld->error_msg, "%s", tio_last_error());
-            pthread_cond_broadcast(&ld->cond);
+            loader_error(ld, rc);
             pthread_mutex_unlock(&ld->lock);
             break;
         }
@@ -617,9 +686,13 @@ static void *producer(void *arg)
             break;
         }
         uint32_t tail = (ld->head + ld->count) % ld->n_slots;
-        sample_swap(&ld->slots[tail], &local);
+        if (ld->n_fillers) /* spans only: a fill thread reads the tokens into the slot */
+            sample_swap_spans(&ld->slots[tail], &local);
+        else
+            sample_swap(&ld->slots[tail], &local);
+        __atomic_store_n(&ld->filled[tail], !ld->n_fillers, __ATOMIC_RELEASE);
         __atomic_store_n(&ld->count, ld->count + 1, __ATOMIC_RELEASE);
-        if (ld->consumer_waiting)
+        if (ld->consumer_waiting || ld->fillers_waiting)
             pthread_cond_broadcast(&ld->cond);
         pthread_mutex_unlock(&ld->lock);
     }
@@ -659,6 +732,15 @@ static int validate(const tio_dataset *ds, const tio_loader_options *o)
     return 0;
 }
 
+static bool has_jsonl(const tio_dataset *ds)
+{
+    for (uint32_t d = 0; d < ds->n_subs; d++)
+        for (uint32_t f = 0; f < ds->subs[d].n_files; f++)
+            if (ds->subs[d].files[f].format == FMT_JSONL)
+                return true;
+    return false;
+}
+
 void tio_loader_destroy(tio_loader *ld)
 {
     if (!ld)
@@ -669,7 +751,11 @@ void tio_loader_destroy(tio_loader *ld)
         pthread_cond_broadcast(&ld->cond);
         pthread_mutex_unlock(&ld->lock);
         pthread_join(ld->thread, NULL);
+        for (uint32_t i = 0; i < ld->n_fillers; i++)
+            pthread_join(ld->fillers[i], NULL);
     }
+    free(ld->fillers);
+    free(ld->filled);
     tio_gen_free(&ld->gen);
     for (uint32_t i = 0; i < ld->n_slots; i++)
         tio_gen_sample_free(&ld->slots[i]);
@@ -756,15 +842,30 @@ int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
          * snap_every + prefetch samples) */
         ld->snap_every = opts->prefetch > SNAP_MIN ? opts->prefetch : SNAP_MIN;
         ld->slots = calloc(ld->n_slots, sizeof *ld->slots);
-        if (!ld->slots || (rc = add_snapshot(ld)) != 0) {
+        ld->filled = calloc(ld->n_slots, sizeof *ld->filled);
+        uint32_t want = has_jsonl(ds) ? 0 : opts->fill_threads;
+        ld->fillers = calloc(want ? want : 1, sizeof *ld->fillers);
+        if (!ld->slots || !ld->filled || !ld->fillers || (rc = add_snapshot(ld)) != 0) {
             tio_loader_destroy(ld);
             return rc ? rc : tio_fail(-ENOMEM, "out of memory");
         }
+        /* with fill threads the producer only plans samples (spans) */
+        ld->gen.skip_tokens = want > 0;
+        ld->n_fillers = want;
         if ((rc = pthread_create(&ld->thread, NULL, producer, ld)) != 0) {
+            ld->n_fillers = 0;
             tio_loader_destroy(ld);
             return tio_fail(-rc, "cannot start the loader thread: %s", strerror(rc));
         }
         ld->running = true;
+        for (uint32_t i = 0; i < want; i++)
+            if ((rc = pthread_create(&ld->fillers[i], NULL, filler, ld)) != 0) {
+                ld->n_fillers = i;
+                if (i == 0) /* the producer plans without fillers: nothing fills */
+                    ld->error = -rc;
+                tio_loader_destroy(ld);
+                return tio_fail(-rc, "cannot start a loader fill thread: %s", strerror(rc));
+            }
     }
     *out = ld;
     return 0;
@@ -801,22 +902,27 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
     } else {
         /* a sample is usually a few microseconds away: yield a while
          * before sleeping on the condition variable */
-        for (int spin = 0; spin < SPIN_YIELDS && !__atomic_load_n(&ld->count, __ATOMIC_ACQUIRE);
+        for (int spin = 0; spin < SPIN_YIELDS &&
+             !__atomic_load_n(&ld->filled[__atomic_load_n(&ld->head, __ATOMIC_RELAXED)],
+                              __ATOMIC_ACQUIRE);
              spin++)
             sched_yield();
         pthread_mutex_lock(&ld->lock);
         ld->consumer_waiting = true;
-        while (ld->count == 0 && !ld->error)
+        while (!(ld->count && ld->filled[ld->head]) && !ld->error)
             pthread_cond_wait(&ld->cond, &ld->lock);
         ld->consumer_waiting = false;
-        if (ld->count == 0) {
+        if (!(ld->count && ld->filled[ld->head])) {
             int rc = ld->error;
             tio_fail(rc, "%s", ld->error_msg);
             pthread_mutex_unlock(&ld->lock);
             return rc;
         }
         sample_swap(&ld->cur, &ld->slots[ld->head]);
-        ld->head = (ld->head + 1) % ld->n_slots;
+        __atomic_store_n(&ld->filled[ld->head], false, __ATOMIC_RELAXED);
+        if (ld->n_fillers)
+            ld->n_claimed--;
+        __atomic_store_n(&ld->head, (ld->head + 1) % ld->n_slots, __ATOMIC_RELAXED);
         __atomic_store_n(&ld->count, ld->count - 1, __ATOMIC_RELEASE);
         /* drop snapshots that a save can no longer need */
         uint32_t keep = 0;

@@ -841,6 +841,74 @@ static void test_json_unescape(void **state)
     assert_non_null(strstr(tio_last_error(), "no string field 'text'"));
 }
 
+/* Token files only (no JSONL), so fill threads read the tokens: the stream
+ * is bit-identical with 0, 1 and 3 fill threads and without a prefetch
+ * thread, and a state saved with samples queued and being filled resumes it
+ * exactly. */
+static void test_fill_threads(void **state)
+{
+    (void)state;
+    char dir[700], p[800];
+    snprintf(dir, sizeof dir, "%s-fill", root);
+    snprintf(p, sizeof p, "%s/a", dir);
+    mkdirs(p);
+    snprintf(p, sizeof p, "%s/a/part0", dir);
+    write_megatron(p, 0, 0, 40, 4);
+    snprintf(p, sizeof p, "%s/a/part1", dir);
+    write_megatron(p, 0, 1, 25, 8);
+    snprintf(p, sizeof p, "%s/b", dir);
+    mkdirs(p);
+    snprintf(p, sizeof p, "%s/b/shard.bin", dir);
+    write_llmc(p, 1, 0, 50);
+    tio_dataset *ds;
+    assert_int_equal(tio_dataset_open(dir, NULL, &ds), 0);
+    enum { TOTAL = 150, S = 30 };
+    uint32_t *ref = malloc((size_t)TOTAL * S * sizeof *ref);
+    tio_loader_options o;
+    tio_loader_options_default(&o);
+    o.seq_len = S - 1;
+    o.logical_shards = 8;
+    o.shuffle_buffer = 6;
+    o.seed = 21;
+    o.prefetch = 0;
+    tio_loader *ld;
+    const tio_data_sample *s;
+    assert_int_equal(tio_loader_create(ds, &o, NULL, NULL, 0, &ld), 0);
+    for (int i = 0; i < TOTAL; i++) {
+        assert_int_equal(tio_loader_next(ld, &s), 0);
+        memcpy(ref + (size_t)i * S, s->tokens, S * sizeof *ref);
+    }
+    tio_loader_destroy(ld);
+    static const uint32_t fills[] = {0, 1, 3};
+    for (size_t k = 0; k < 3; k++) {
+        o.prefetch = 5;
+        o.fill_threads = fills[k];
+        assert_int_equal(tio_loader_create(ds, &o, NULL, NULL, 0, &ld), 0);
+        int at = 0;
+        for (; at < 77; at++) {
+            assert_int_equal(tio_loader_next(ld, &s), 0);
+            assert_memory_equal(s->tokens, ref + (size_t)at * S, S * sizeof *ref);
+        }
+        void *st;
+        size_t len;
+        assert_int_equal(tio_loader_state(ld, &st, &len), 0);
+        tio_loader_destroy(ld);
+        assert_int_equal(tio_loader_create(ds, &o, (const void *const *)&st, &len, 1, &ld), 0);
+        free(st);
+        for (; at < TOTAL; at++) {
+            assert_int_equal(tio_loader_next(ld, &s), 0);
+            assert_int_equal(s->index, (uint64_t)at);
+            assert_memory_equal(s->tokens, ref + (size_t)at * S, S * sizeof *ref);
+        }
+        tio_loader_destroy(ld);
+    }
+    free(ref);
+    tio_dataset_destroy(ds);
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    (void)!system(cmd);
+}
+
 /* A byte tokenizer that notes which threads called it. */
 static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t seen_threads[16];
@@ -960,6 +1028,7 @@ int main(void)
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_options_errors),
         cmocka_unit_test(test_parallel_tokenizing),
+        cmocka_unit_test(test_fill_threads),
         cmocka_unit_test(test_tokenizer_open),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

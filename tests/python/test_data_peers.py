@@ -56,7 +56,7 @@ def megatron_root(tmp_path_factory):
 def test_megatron_builder_files_read_exactly(megatron_root):
     root, docs = megatron_root
     ds = StreamingDataset(str(root), seq_len=31, eos_id=EOS, provenance=True, logical_shards=4,
-                          rank=0, world_size=1)
+                          rank=0, world_size=1, fill_threads=2)
     seen = {}
     total = sum(len(x) + 1 for v in docs.values() for x in v)
     it = iter(ds)
