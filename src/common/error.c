@@ -116,23 +116,68 @@ int tio_grow(void **array, uint32_t *cap, uint32_t need, size_t elem)
     return 0;
 }
 
+/* Open `path` itself for writing: a character device (/dev/null), a FIFO
+ * or a socket cannot be replaced by a file, and must not be.  O_NONBLOCK
+ * makes a FIFO without a reader fail (ENXIO) instead of waiting forever. */
+static int open_in_place(tio_atomic_file *af, const char *path, bool fifo)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        if (!(af->f = fdopen(fd, "w")))
+            close(fd);
+    }
+    if (!af->f) {
+        int e = errno;
+        tio_atomic_abort(af);
+        if (fifo && e == ENXIO)
+            return tio_fail(-e, "%s: cannot write: no process reads this FIFO", path);
+        return tio_fail(-e, "%s: cannot open for writing: %s", path, strerror(e));
+    }
+    return 0;
+}
+
 int tio_atomic_open(tio_atomic_file *af, const char *path)
 {
     memset(af, 0, sizeof *af);
-    size_t n = strlen(path) + 32;
-    af->path = strdup(path);
-    af->tmp_path = malloc(n);
-    if (!af->path || !af->tmp_path) {
-        tio_atomic_abort(af);
+    if (!(af->path = strdup(path)))
         return tio_fail(-ENOMEM, "%s: out of memory", path);
+    struct stat st;
+    bool exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
+        tio_atomic_abort(af);
+        return tio_fail(-EISDIR, "%s: cannot write: is a directory", path);
     }
-    snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
-    af->f = fopen(af->tmp_path, "w");
-    if (!af->f) {
-        int e = errno;
-        free(af->path);
-        free(af->tmp_path);
-        memset(af, 0, sizeof *af);
+    if (exists && !S_ISREG(st.st_mode))
+        return open_in_place(af, path, S_ISFIFO(st.st_mode));
+    struct stat lst;
+    if (!exists && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        tio_atomic_abort(af);
+        return tio_fail(-ENOENT, "%s: cannot write: a symbolic link to a missing file", path);
+    }
+    /* An existing file is replaced where it is: through a symbolic link, the
+     * file it names (the link stays), with the same permissions. */
+    af->target = exists ? realpath(path, NULL) : strdup(path);
+    size_t n = (af->target ? strlen(af->target) : 0) + 32;
+    af->tmp_path = malloc(n);
+    if (!af->target || !af->tmp_path) {
+        int e = af->target ? ENOMEM : errno;
+        tio_atomic_abort(af);
+        return tio_fail(-e, "%s: cannot resolve: %s", path, strerror(e));
+    }
+    snprintf(af->tmp_path, n, "%s.tmp.%ld", af->target, (long)getpid());
+    int fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    int e = fd < 0 ? errno : 0;
+    if (!e && exists && fchmod(fd, st.st_mode & 07777) != 0)
+        e = errno;
+    if (!e && !(af->f = fdopen(fd, "w")))
+        e = errno;
+    if (e) {
+        if (fd >= 0) {
+            close(fd);
+            unlink(af->tmp_path);
+        }
+        tio_atomic_abort(af);
         return tio_fail(-e, "%s: cannot create: %s", path, strerror(e));
     }
     return 0;
@@ -141,24 +186,24 @@ int tio_atomic_open(tio_atomic_file *af, const char *path)
 int tio_atomic_commit(tio_atomic_file *af)
 {
     int e = 0;
+    errno = 0;
     if (fflush(af->f) != 0 || ferror(af->f))
         e = errno ? errno : EIO;
-    else if (fsync(fileno(af->f)) != 0)
+    else if (af->tmp_path && fsync(fileno(af->f)) != 0)
         e = errno;
     if (fclose(af->f) != 0 && !e)
         e = errno;
     af->f = NULL;
-    if (!e && rename(af->tmp_path, af->path) != 0)
+    if (!e && af->tmp_path && rename(af->tmp_path, af->target) != 0)
         e = errno;
     if (e) {
-        unlink(af->tmp_path);
+        if (af->tmp_path)
+            unlink(af->tmp_path);
         int rc = tio_fail(-e, "%s: write failed: %s", af->path, strerror(e));
         tio_atomic_abort(af);
         return rc;
     }
-    free(af->path);
-    free(af->tmp_path);
-    memset(af, 0, sizeof *af);
+    tio_atomic_abort(af);
     return 0;
 }
 
@@ -166,16 +211,20 @@ void tio_atomic_abort(tio_atomic_file *af)
 {
     if (af->f) {
         fclose(af->f);
-        unlink(af->tmp_path);
+        if (af->tmp_path)
+            unlink(af->tmp_path);
     }
     free(af->path);
+    free(af->target);
     free(af->tmp_path);
     memset(af, 0, sizeof *af);
 }
 
 int tio_read_file(const char *path, char **text, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK so that opening a FIFO without a writer does not wait
+     * forever: it is refused below, like every file that is not regular. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         return tio_fail(-e, "%s: cannot open: %s", path, strerror(e));
@@ -190,30 +239,46 @@ int tio_read_file(const char *path, char **text, size_t *len)
         close(fd);
         return tio_fail(S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL, "%s: not a regular file", path);
     }
-    size_t n = (size_t)st.st_size;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return tio_fail(-ENOMEM, "%s: out of memory reading %zu bytes", path, n);
-    }
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    /* The size is only a first guess: files under /proc report 0 bytes,
+     * under /sys 4096, and a file may change while it is read.  Read to the
+     * end of file. */
+    size_t cap = (size_t)st.st_size + 1, got = 0;
+    if (cap < 4096)
+        cap = 4096;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (buf && got + 1 == cap) {
+            char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (!bigger) {
+                free(buf);
+                buf = NULL;
+            } else {
+                buf = bigger;
+                cap *= 2;
+            }
+        }
+        if (!buf) {
+            close(fd);
+            return tio_fail(-ENOMEM, "%s: out of memory reading %zu bytes", path, got + 1);
+        }
+        ssize_t r = read(fd, buf + got, cap - 1 - got);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
+        if (r < 0) {
+            int e = errno;
             free(buf);
             close(fd);
-            return tio_fail(-e, "%s: read failed at offset %zu: %s", path, got,
-                            r < 0 ? strerror(e) : "file shrank while reading");
+            return tio_fail(-e, "%s: read failed at offset %zu: %s", path, got, strerror(e));
         }
+        if (r == 0)
+            break;
         got += (size_t)r;
     }
     close(fd);
-    buf[n] = '\0';
+    buf[got] = '\0';
     *text = buf;
-    *len = n;
+    *len = got;
     return 0;
 }
 

@@ -26,11 +26,16 @@ int tio_grow(void **array, uint32_t *cap, uint32_t need, size_t elem);
 
 /* Atomic file write: open "<path>.tmp.<pid>" for writing; commit with
  * tio_atomic_commit (fflush, fsync, fclose, rename) or drop it with
- * tio_atomic_abort (close, unlink).  Errors name the file. */
+ * tio_atomic_abort (close, unlink).  An existing file keeps its permissions;
+ * a symbolic link is followed (the file it names is replaced, the link
+ * stays).  A path that exists and is not a regular file or a directory
+ * (/dev/null, a FIFO) is written in place: nothing replaces it.  A directory
+ * is refused (-EISDIR).  Errors name the file. */
 typedef struct {
     FILE *f;
-    char *path;
-    char *tmp_path;
+    char *path;     /* as given, for messages */
+    char *target;   /* the file the rename replaces; NULL when written in place */
+    char *tmp_path; /* NULL when written in place */
 } tio_atomic_file;
 int tio_atomic_open(tio_atomic_file *af, const char *path);
 int tio_atomic_commit(tio_atomic_file *af);

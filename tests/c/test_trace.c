@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <cmocka.h>
@@ -414,6 +417,106 @@ static void test_load_errors(void **state)
     assert_string_equal(tio_last_error(), expected);
 }
 
+/* Paths that are not plain regular files, each once handled wrongly:
+ *   - loading a FIFO waited forever for a writer;
+ *   - files under /proc report 0 bytes: the reader trusted the size and
+ *     said "got end of file" about a file that has text;
+ *   - saving to an existing path that is not a regular file renamed a file
+ *     over it (as root, `teraio plan ... -o /dev/null` replaced /dev/null);
+ *     saving through a symbolic link replaced the link, and a replaced file
+ *     lost its permissions. */
+static void test_special_paths(void **state)
+{
+    (void)state;
+    tio_trace *t, *back;
+    char *text = example_edit(0, NULL, N_LINES);
+    assert_int_equal(parse_text(text, &t), 0);
+    free(text);
+    char dir[4096], fifo[4200], file[4200], link[4200], dangling[4200], sub[4200];
+    char expected[4400];
+    snprintf(dir, sizeof dir, "%s", tmp_path("special.XXXXXX"));
+    assert_non_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(file, sizeof file, "%s/file.tio", dir);
+    snprintf(link, sizeof link, "%s/link.tio", dir);
+    snprintf(dangling, sizeof dangling, "%s/dangling.tio", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+
+    /* A FIFO: no writer, no reader, then a reader.  alarm() turns a call
+     * that blocks into a failed test. */
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(10);
+    back = (tio_trace *)0x1;
+    assert_int_equal(tio_trace_load(fifo, &back), -EINVAL);
+    assert_null(back);
+    snprintf(expected, sizeof expected, "%s: not a regular file", fifo);
+    assert_string_equal(tio_last_error(), expected);
+    assert_int_equal(tio_trace_save(t, fifo), -ENXIO);
+    snprintf(expected, sizeof expected, "%s: cannot write: no process reads this FIFO", fifo);
+    assert_string_equal(tio_last_error(), expected);
+    int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+    assert_true(rd >= 0);
+    assert_int_equal(tio_trace_save(t, fifo), 0);
+    char buf[4096];
+    ssize_t n = read(rd, buf, sizeof buf);
+    close(rd);
+    alarm(0);
+    assert_true(n > 0);
+    struct stat st;
+    assert_int_equal(stat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    assert_int_equal(tio_trace_parse(buf, (size_t)n, "fifo", &back), 0);
+    assert_traces_equal(t, back);
+    tio_trace_destroy(back);
+
+    /* A file of mode 0600, saved through a symbolic link: the file is
+     * replaced and keeps its mode, the link stays a link. */
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("old\n", f);
+    fclose(f);
+    assert_int_equal(chmod(file, 0600), 0);
+    assert_int_equal(symlink("file.tio", link), 0);
+    assert_int_equal(tio_trace_save(t, link), 0);
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(tio_trace_load(file, &back), 0);
+    assert_traces_equal(t, back);
+    tio_trace_destroy(back);
+
+    /* A link to nothing, and a directory: refused, nothing left behind. */
+    assert_int_equal(symlink("missing.tio", dangling), 0);
+    assert_int_equal(tio_trace_save(t, dangling), -ENOENT);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_equal(tio_trace_save(t, sub), -EISDIR);
+    snprintf(expected, sizeof expected, "%s: cannot write: is a directory", sub);
+    assert_string_equal(tio_last_error(), expected);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        entries += e->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(entries, 5); /* fifo, file.tio, link.tio, dangling.tio, sub */
+
+    /* /proc/self/status reports 0 bytes but has text. */
+    back = (tio_trace *)0x1;
+    assert_int_equal(tio_trace_load("/proc/self/status", &back), TIO_EPARSE);
+    assert_null(back);
+    assert_string_equal(tio_last_error(), "/proc/self/status:1: field 'header': expected "
+                                          "'teraio-trace 1', got 'Name:'");
+
+    unlink(fifo);
+    unlink(file);
+    unlink(link);
+    unlink(dangling);
+    rmdir(sub);
+    rmdir(dir);
+    tio_trace_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -423,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_example_parses),
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_special_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
