@@ -559,6 +559,13 @@ struct tio_loader {
     pthread_t thread;
     bool running, stop;
     bool producer_waiting, consumer_waiting; /* under lock: who sleeps on cond */
+    /* The generator is run by whoever holds gen_lock: the producer thread,
+     * or the consumer when the queue is empty and no sample is in flight
+     * (producer_holding: the producer made a sample it has not queued yet),
+     * so a consumer faster than the producer makes samples itself instead
+     * of waiting for a hand-off; either way samples come in order. */
+    pthread_mutex_t gen_lock;
+    bool producer_holding;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     tio_gen_sample *slots;
@@ -659,6 +666,14 @@ static void *producer(void *arg)
     tio_loader *ld = arg;
     tio_gen_sample local = {0};
     for (;;) {
+        pthread_mutex_lock(&ld->gen_lock);
+        pthread_mutex_lock(&ld->lock);
+        bool quit = ld->stop || ld->error;
+        pthread_mutex_unlock(&ld->lock);
+        if (quit) {
+            pthread_mutex_unlock(&ld->gen_lock);
+            break;
+        }
         int rc = tio_gen_next(&ld->gen, &local);
         if (!rc && ld->gen.produced % ld->snap_every == 0)
             rc = add_snapshot(ld);
@@ -666,8 +681,11 @@ static void *producer(void *arg)
         if (rc) {
             loader_error(ld, rc);
             pthread_mutex_unlock(&ld->lock);
+            pthread_mutex_unlock(&ld->gen_lock);
             break;
         }
+        ld->producer_holding = true;
+        pthread_mutex_unlock(&ld->gen_lock);
         if (ld->count == ld->n_slots) {
             /* the queue is full: yield a while (a fast consumer takes a
              * sample within microseconds), then sleep until it has room */
@@ -685,6 +703,7 @@ static void *producer(void *arg)
             pthread_mutex_unlock(&ld->lock);
             break;
         }
+        ld->producer_holding = false;
         uint32_t tail = (ld->head + ld->count) % ld->n_slots;
         if (ld->n_fillers) /* spans only: a fill thread reads the tokens into the slot */
             sample_swap_spans(&ld->slots[tail], &local);
@@ -771,6 +790,7 @@ void tio_loader_destroy(tio_loader *ld)
     free(ld->weight_names);
     free(ld->weights);
     pthread_mutex_destroy(&ld->lock);
+    pthread_mutex_destroy(&ld->gen_lock);
     pthread_cond_destroy(&ld->cond);
     free(ld);
 }
@@ -800,6 +820,7 @@ int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
     if (!ld)
         return tio_fail(-ENOMEM, "out of memory");
     pthread_mutex_init(&ld->lock, NULL);
+    pthread_mutex_init(&ld->gen_lock, NULL);
     pthread_cond_init(&ld->cond, NULL);
     ld->ds = ds;
     ld->opts = *opts;
@@ -892,6 +913,47 @@ static void describe(tio_loader *ld)
                                    .cu_seqlens = ld->cu, .n_spans = s->n_spans, .spans = s->spans};
 }
 
+/* Drop the snapshots that a save can no longer need (under lock). */
+static void drop_snapshots(tio_loader *ld)
+{
+    uint32_t keep = 0;
+    while (keep + 1 < ld->n_snaps && ld->snaps[keep + 1].index <= ld->delivered + 1)
+        keep++;
+    for (uint32_t i = 0; i < keep; i++)
+        free(ld->snaps[i].blob);
+    memmove(ld->snaps, ld->snaps + keep, (ld->n_snaps - keep) * sizeof *ld->snaps);
+    ld->n_snaps -= keep;
+}
+
+/* When the queue is empty and nothing is in flight, make the next sample
+ * in this thread (into ld->cur).  Returns whether it did; a failure is left
+ * in ld->error. */
+static bool steal(tio_loader *ld)
+{
+    if (__atomic_load_n(&ld->count, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&ld->gen_lock))
+        return false;
+    pthread_mutex_lock(&ld->lock);
+    bool mine = ld->count == 0 && !ld->producer_holding && !ld->error && !ld->stop;
+    pthread_mutex_unlock(&ld->lock);
+    if (!mine) {
+        pthread_mutex_unlock(&ld->gen_lock);
+        return false;
+    }
+    int rc = tio_gen_next(&ld->gen, &ld->cur);
+    if (!rc && ld->gen.skip_tokens)
+        rc = sample_fill(ld->gen.reader, ld->ds, &ld->opts, &ld->cur);
+    if (!rc && ld->gen.produced % ld->snap_every == 0)
+        rc = add_snapshot(ld);
+    pthread_mutex_lock(&ld->lock);
+    if (rc)
+        loader_error(ld, rc);
+    else
+        drop_snapshots(ld);
+    pthread_mutex_unlock(&ld->lock);
+    pthread_mutex_unlock(&ld->gen_lock);
+    return true;
+}
+
 int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
 {
     *out = NULL;
@@ -899,6 +961,12 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
         int rc = tio_gen_next(&ld->gen, &ld->cur);
         if (rc)
             return rc;
+    } else if (steal(ld)) {
+        if (ld->error) {
+            int rc = ld->error;
+            tio_fail(rc, "%s", ld->error_msg);
+            return rc;
+        }
     } else {
         /* a sample is usually a few microseconds away: yield a while
          * before sleeping on the condition variable */
@@ -924,14 +992,7 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
             ld->n_claimed--;
         __atomic_store_n(&ld->head, (ld->head + 1) % ld->n_slots, __ATOMIC_RELAXED);
         __atomic_store_n(&ld->count, ld->count - 1, __ATOMIC_RELEASE);
-        /* drop snapshots that a save can no longer need */
-        uint32_t keep = 0;
-        while (keep + 1 < ld->n_snaps && ld->snaps[keep + 1].index <= ld->delivered + 1)
-            keep++;
-        for (uint32_t i = 0; i < keep; i++)
-            free(ld->snaps[i].blob);
-        memmove(ld->snaps, ld->snaps + keep, (ld->n_snaps - keep) * sizeof *ld->snaps);
-        ld->n_snaps -= keep;
+        drop_snapshots(ld);
         if (ld->producer_waiting)
             pthread_cond_broadcast(&ld->cond);
         pthread_mutex_unlock(&ld->lock);
