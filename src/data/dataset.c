@@ -361,12 +361,15 @@ static int open_locked(tio_dataset *ds, tio_data_file *f)
 
 int tio_data_file_open(tio_dataset *ds, tio_data_file *f)
 {
+    /* opened is set (release) after everything else: once seen, no lock */
+    if (__atomic_load_n(&f->opened, __ATOMIC_ACQUIRE) && f->open_rc == 0)
+        return 0;
     pthread_mutex_lock(&ds->lock);
     int rc = 0;
     if (!f->opened) {
         rc = open_locked(ds, f);
-        f->opened = true;
         f->open_rc = rc;
+        __atomic_store_n(&f->opened, true, __ATOMIC_RELEASE);
     } else {
         rc = f->open_rc;
         if (rc)
