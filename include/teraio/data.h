@@ -59,9 +59,15 @@
  * rank i % M, mixing counters are summed and split evenly.  The format is in
  * docs/loader.md.
  *
- * Thread-safety: a tio_dataset is immutable after tio_dataset_open and may be
- * shared by loaders in any threads.  A tio_loader is used by one thread at a
- * time (it runs its own prefetch thread inside).
+ * Threads: a loader with prefetch runs one thread that draws, packs and
+ * shuffles into a queue, optionally fill threads that read the tokens of the
+ * queued samples, and, when a JSONL file is first read, tokenizer threads
+ * for it; when the queue is empty the caller of tio_loader_next makes the
+ * next sample itself.  The stream is the same whatever the thread counts.
+ *
+ * Thread-safety: a tio_dataset is immutable after tio_dataset_open (files
+ * are mapped on first use, under its lock) and may be shared by loaders in
+ * any threads.  A tio_loader is used by one thread at a time.
  */
 #ifndef TERAIO_DATA_H
 #define TERAIO_DATA_H
