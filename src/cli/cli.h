@@ -25,12 +25,16 @@ int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(print
 /* Same, for a library error code: appends tio_last_error() or tio_strerror(rc). */
 int cli_lib_error(const char *cmd, int rc);
 
-/* Parse a byte count: plain integer or with suffix K/M/G/T (powers of 1024,
- * also KiB/MiB/GiB/TiB) or KB/MB/GB/TB (powers of 1000).
- * Returns true and stores it in *out, false if malformed or overflowing. */
+/* Parse a byte count: a decimal number (digits, optional fraction and
+ * exponent: "512", "1.5", "2e9"; no sign, blanks or hex) with an optional
+ * suffix K/M/G/T (powers of 1024, also KiB/MiB/GiB/TiB) or KB/MB/GB/TB
+ * (powers of 1000).  Plain integers are exact up to 2^64 - 1; a fraction is
+ * rounded to the nearest byte.  Returns true and stores it in *out, false if
+ * malformed or not below 2^64. */
 bool cli_parse_bytes(const char *s, uint64_t *out);
 
-/* Parse a finite positive double. */
+/* Parse a finite positive decimal number (same syntax as the number part
+ * of cli_parse_bytes). */
 bool cli_parse_positive(const char *s, double *out);
 
 /* Format bytes as "1.50 GiB" into buf (>= 32 bytes); returns buf. */

@@ -152,12 +152,21 @@ static int parse_options(int argc, char **argv, analyze_options *o)
             return -1;
         if (!strcmp(a, "--json")) {
             o->json = true;
-        } else if (!strcmp(a, "--ssd-read-gbps") || !strcmp(a, "--ssd-write-gbps")) {
+        } else if (!strncmp(a, "--ssd-read-gbps", 15) || !strncmp(a, "--ssd-write-gbps", 16)) {
+            /* "--name VALUE" or "--name=VALUE", as `teraio plan` takes them */
+            size_t n = a[6] == 'r' ? 15 : 16;
             double *dst = a[6] == 'r' ? &o->read_gbps : &o->write_gbps;
-            if (i + 1 >= argc)
+            const char *v;
+            if (a[n] == '=')
+                v = a + n + 1;
+            else if (a[n] != '\0')
+                return usage_error("unknown option '%s'", a);
+            else if (i + 1 >= argc)
                 return usage_error("option %s needs a value in GB/s", a);
-            if (!cli_parse_positive(argv[++i], dst))
-                return usage_error("expected a positive number of GB/s, got '%s'", argv[i]);
+            else
+                v = argv[++i];
+            if (!cli_parse_positive(v, dst))
+                return usage_error("expected a positive number of GB/s, got '%s'", v);
         } else if (a[0] == '-' && a[1] != '\0') {
             return usage_error("unknown option '%s'", a);
         } else if (o->path) {

@@ -35,8 +35,14 @@ static void usage(FILE *f)
 
 int cmd_version(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        printf("usage: teraio version\n\nPrint the version and the compiled-in features.\n");
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "teraio version: unexpected argument '%s' (it takes none)\n", argv[1]);
+        return 2;
+    }
     printf("teraio %s\nfeatures: %s\n", tio_version(), tio_features());
     return 0;
 }

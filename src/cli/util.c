@@ -30,43 +30,80 @@ int cli_lib_error(const char *cmd, int rc)
     return cli_error(cmd, "%s", tio_strerror(rc));
 }
 
+/* Length of the decimal number at the start of s: digits, optionally a
+ * fraction and an exponent ("12", "1.5", ".5", "2e9", "1.5E+3"); 0 if there
+ * is none.  Sets *exact when it is digits only. */
+static size_t decimal_prefix(const char *s, bool *exact)
+{
+    static const char digits[] = "0123456789";
+    size_t n = strspn(s, digits), frac = 0;
+    *exact = true;
+    if (s[n] == '.') {
+        frac = strspn(s + n + 1, digits);
+        n += 1 + frac;
+        *exact = false;
+    }
+    if (n == 0 || (n == 1 && s[0] == '.'))
+        return 0;
+    if (s[n] == 'e' || s[n] == 'E') {
+        size_t sign = s[n + 1] == '+' || s[n + 1] == '-';
+        size_t exp = strspn(s + n + 1 + sign, digits);
+        if (exp == 0)
+            return 0;
+        n += 1 + sign + exp;
+        *exact = false;
+    }
+    return n;
+}
+
 bool cli_parse_bytes(const char *s, uint64_t *out)
 {
-    if (!s || !*s || *s == '-')
+    if (!s)
         return false;
-    errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || end == s || !isfinite(v) || v < 0)
+    bool exact;
+    size_t n = decimal_prefix(s, &exact);
+    if (n == 0)
         return false;
     /* Binary units (K, KiB, k) are powers of 1024; KB/MB/GB/TB are decimal. */
-    static const struct { const char *suffix; double mult; } units[] = {
+    static const struct { const char *suffix; uint64_t mult; } units[] = {
         {"", 1}, {"B", 1},
-        {"K", 1024.0}, {"k", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3},
-        {"M", 1048576.0}, {"m", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
-        {"G", 1073741824.0}, {"g", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-        {"T", 1099511627776.0}, {"t", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+        {"K", 1ull << 10}, {"k", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000ull},
+        {"M", 1ull << 20}, {"m", 1ull << 20}, {"MiB", 1ull << 20}, {"MB", 1000000ull},
+        {"G", 1ull << 30}, {"g", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000ull},
+        {"T", 1ull << 40}, {"t", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull},
     };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].suffix) == 0) {
-            double b = v * units[i].mult;
-            if (b >= 18446744073709551615.0)
-                return false;
-            *out = (uint64_t)llround(b);
-            return true;
-        }
+    const uint64_t *mult = NULL;
+    for (size_t i = 0; i < sizeof units / sizeof units[0] && !mult; i++)
+        if (strcmp(s + n, units[i].suffix) == 0)
+            mult = &units[i].mult;
+    if (!mult)
+        return false;
+    errno = 0;
+    if (exact) {
+        /* Integers are converted exactly: a double holds only 53 bits. */
+        unsigned long long v = strtoull(s, NULL, 10);
+        uint64_t b;
+        if (errno || __builtin_mul_overflow((uint64_t)v, *mult, &b))
+            return false;
+        *out = b;
+        return true;
     }
-    return false;
+    double b = round(strtod(s, NULL) * (double)*mult);
+    if (errno || !(b < 18446744073709551616.0)) /* 2^64 */
+        return false;
+    *out = (uint64_t)b;
+    return true;
 }
 
 bool cli_parse_positive(const char *s, double *out)
 {
-    if (!s || !*s)
+    bool exact;
+    size_t n = s ? decimal_prefix(s, &exact) : 0;
+    if (n == 0 || s[n] != '\0')
         return false;
     errno = 0;
-    char *end;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || v <= 0)
+    double v = strtod(s, NULL);
+    if (errno || !isfinite(v) || v <= 0)
         return false;
     *out = v;
     return true;

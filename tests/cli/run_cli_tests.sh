@@ -58,6 +58,9 @@ expect_status() {
 
 # --- teraio (dispatch) ---------------------------------------------------
 expect_one_line_error "unknown command" "$teraio" no-such-command
+expect_one_line_error "version: an argument" "$teraio" version extra
+expect_status "version: an argument exits 2" 2 "$teraio" version extra
+expect_status "version --help" 0 "$teraio" version --help
 
 # --- teraio analyze --------------------------------------------------------
 cat >"$work/good.tio" <<'EOF'
@@ -91,6 +94,22 @@ expect_one_line_error "analyze: bandwidth zero" "$teraio" analyze "$work/good.ti
 expect_one_line_error "analyze: bandwidth not a number" "$teraio" analyze "$work/good.tio" --ssd-read-gbps fast
 expect_status "analyze: unknown option exits 2" 2 "$teraio" analyze --frobnicate "$work/good.tio"
 expect_status "analyze: bad file exits 1" 1 "$teraio" analyze "$work/garbled.tio"
+# A FIFO without a writer used to block the reader forever.
+mkfifo "$work/fifo.tio"
+expect_one_line_error "analyze: a FIFO" timeout 10 "$teraio" analyze "$work/fifo.tio"
+# /proc files report 0 bytes: the error is about their text, not "end of file".
+expect_one_line_error "analyze: a /proc file" "$teraio" analyze /proc/self/status
+if grep -q "got 'Name:'" "$work/stderr"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: analyze: a /proc file is read past its reported size of 0" >&2
+fi
+expect_status "analyze: --ssd-read-gbps=R" 0 "$teraio" analyze "$work/good.tio" --ssd-read-gbps=3
+expect_one_line_error "analyze: hex bandwidth" "$teraio" analyze "$work/good.tio" --ssd-read-gbps 0x10
+expect_one_line_error "analyze: empty bandwidth" "$teraio" analyze "$work/good.tio" --ssd-write-gbps=
+expect_one_line_error "analyze: bandwidth 1e400" "$teraio" analyze "$work/good.tio" --ssd-read-gbps 1e400
+expect_one_line_error "analyze: bandwidth nan" "$teraio" analyze "$work/good.tio" --ssd-read-gbps nan
 
 # --- teraio plan ------------------------------------------------------------
 # The trace of tests/c/test_plan.c: M peaks at 5000 B (kernel 3); kernel 6
@@ -159,6 +178,53 @@ expect_one_line_error "plan: unknown option" \
   "$teraio" plan "$work/plan.tio" --capacity 4000 --frobnicate -o "$work/x.plan"
 expect_one_line_error "plan: unwritable output" \
   "$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/no-such-dir/x.plan"
+# Byte counts above 2^53 are exact (they went through a double), those in
+# [2^63, 2^64) are not clamped to 2^63 (llround overflowed).
+for cap in 9007199254740993 18446744073709551615; do
+  expect_status "plan: --capacity $cap" 0 "$teraio" plan "$work/plan.tio" --capacity "$cap" \
+    -o "$work/cap.plan"
+  if grep -qx "kernels 8 tensors 5 capacity $cap" "$work/cap.plan"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: plan: --capacity $cap not kept exactly" >&2
+  fi
+done
+expect_status "plan: --capacity 1.5e4" 0 "$teraio" plan "$work/plan.tio" --capacity 1.5e4 -o "$work/cap.plan"
+grep -qx "kernels 8 tensors 5 capacity 15000" "$work/cap.plan" && passed=$((passed + 1)) ||
+  { failed=$((failed + 1)); echo "FAIL: plan: --capacity 1.5e4 is not 15000" >&2; }
+for cap in 18446744073709551616 1e20 0x1000 " 4000" +4000 -0 nan 1e 16E; do
+  expect_one_line_error "plan: --capacity '$cap'" \
+    "$teraio" plan "$work/plan.tio" --capacity "$cap" -o "$work/x.plan"
+done
+# -o a directory: refused before anything is written next to it.
+mkdir "$work/outdir"
+expect_one_line_error "plan: -o a directory" "$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/outdir"
+if ls "$work" | grep -q '\.tmp\.'; then
+  failed=$((failed + 1))
+  echo "FAIL: plan: a temporary file was left behind" >&2
+else
+  passed=$((passed + 1))
+fi
+# -o a FIFO: written in place, never replaced by a file (as root, -o /dev/null
+# used to replace /dev/null); without a reader, an error instead of a hang.
+mkfifo "$work/out.fifo"
+expect_one_line_error "plan: -o a FIFO nobody reads" \
+  timeout 10 "$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/out.fifo"
+exec 3<>"$work/out.fifo" # a reader (read-write: opening does not wait)
+expect_status "plan: -o a FIFO" 0 timeout 10 "$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/out.fifo"
+timeout 10 head -n 1 <&3 >"$work/fifo.out"
+exec 3<&-
+if [ -p "$work/out.fifo" ] && grep -qx 'teraio-plan 1' "$work/fifo.out"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: plan: -o a FIFO did not write through it" >&2
+fi
+# A trace without kernels: no plan (its file, "kernels 0", would not load).
+printf 'teraio-trace 1\ncounts 0 0 0\n' >"$work/no-kernels.tio"
+expect_one_line_error "plan: trace without kernels" \
+  "$teraio" plan "$work/no-kernels.tio" --capacity 1 -o "$work/x.plan"
 
 # --- teraio check -----------------------------------------------------------
 "$teraio" plan "$work/plan.tio" --capacity 4000 -o "$work/good.plan" >/dev/null 2>&1
@@ -169,6 +235,12 @@ expect_one_line_error "check: truncated plan" "$teraio" check "$work/plan.tio" "
 expect_one_line_error "check: missing plan" "$teraio" check "$work/plan.tio" "$work/none.plan"
 expect_one_line_error "check: one argument" "$teraio" check "$work/plan.tio"
 expect_status "check: a matching plan passes" 0 "$teraio" check "$work/plan.tio" "$work/good.plan"
+# Two pairs of P in its one inactive period that overlap (the second offload
+# is issued before the first prefetch is due): used to pass, with an M'
+# the runtime never reaches.
+printf 'teraio-plan 1\nkernels 8 tensors 5 capacity 4000\noffload 0 1 2 ssd 1000\nprefetch 0 3 4 ssd 1000\noffload 0 1 4 ssd 1000\nprefetch 0 5 7 ssd 1000\n' >"$work/overlap.plan"
+expect_one_line_error "check: overlapping pairs of one tensor" "$teraio" check "$work/plan.tio" "$work/overlap.plan"
+expect_one_line_error "check: a FIFO as PLAN" timeout 10 "$teraio" check "$work/plan.tio" "$work/fifo.tio"
 
 # --- teraio bench io ---------------------------------------------------------
 : >"$work/a-file"
