@@ -6,7 +6,7 @@
  * the last *delivered* sample, while the prefetch thread is ahead of it.
  * Because the stream is deterministic, the state after delivering sample k
  * is the state the producer had right after making sample k.  The producer
- * serializes its state every max(prefetch, 256) samples; saving restores the newest
+ * serializes its state every max(prefetch, 1024) samples; saving restores the newest
  * snapshot at or before the delivered count into a scratch generator and
  * replays the few samples in between.  Nothing in the queue is ever counted.
  */
@@ -543,7 +543,7 @@ int tio_gen_next(tio_gen *g, tio_gen_sample *out)
 
 /* ---- the threaded loader --------------------------------------------------- */
 
-enum { SNAP_MIN = 256, SPIN_YIELDS = 64 };
+enum { SNAP_MIN = 1024, SPIN_YIELDS = 64 };
 
 typedef struct {
     uint64_t index;
