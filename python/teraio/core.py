@@ -69,6 +69,13 @@ class Trace:
     def tensor_bytes(self, i: int) -> int:
         return self._p.contents.tensors[i].bytes
 
+    def tensor_name(self, i: int) -> str | None:
+        name = self._p.contents.tensors[i].name
+        return name.decode() if name is not None else None
+
+    def tensor_is_global(self, i: int) -> bool:
+        return bool(self._p.contents.tensors[i].global_)
+
     def __del__(self):
         if getattr(self, "_p", None):
             L.tio_trace_destroy(self._p)

@@ -88,10 +88,11 @@ class StorageIds:
     def lookup(self, st) -> int | None:
         return self.by_key.get(st._cdata)
 
-    def assign(self, st) -> int:
-        """Give `st` the next id."""
-        i = self.next_id
-        self.next_id += 1
+    def assign(self, st, i: int | None = None) -> int:
+        """Give `st` id `i`, or the next id."""
+        if i is None:
+            i = self.next_id
+            self.next_id += 1
         key = st._cdata
         self.by_key[key] = i
         self.storage[i] = weakref.ref(st)

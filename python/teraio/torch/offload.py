@@ -77,6 +77,22 @@ class _Mode(TorchDispatchMode):
         return out
 
 
+def _trace_globals_by_name(trace: Trace) -> dict[str, int] | None:
+    """Trace id of each global tensor by name, or None when some global
+    tensor has no name (a trace not made by Profiler): then ids follow
+    ``global_tensors`` order.  The profiler leaves out global tensors its
+    iteration never touched, so position alone would misnumber the rest."""
+    out = {}
+    for i in range(trace.n_tensors):
+        if not trace.tensor_is_global(i):
+            continue
+        name = trace.tensor_name(i)
+        if name is None or name in out:
+            return None
+        out[name] = i
+    return out
+
+
 class OffloadRuntime:
     """Runs training iterations under an offload plan.
 
@@ -118,10 +134,19 @@ class OffloadRuntime:
         self._p = ctypes.c_void_p()
         L.check(L.tio_runtime_create(plan._p, trace._p, engine._p if engine else None,
                                      ctypes.byref(self._cbs), ctypes.byref(self._p)))
-        for t, _kind, _name in globals_:
+        by_name = _trace_globals_by_name(trace)
+        for t, _kind, name in globals_:
             st = t.untyped_storage()
-            if st.nbytes() and self._ids.lookup(st) is None:
+            if not st.nbytes() or self._ids.lookup(st) is not None:
+                continue
+            if by_name is None:
                 self._bind(self._ids.assign(st), st)
+            elif name in by_name:
+                self._bind(self._ids.assign(st, by_name[name]), st)
+            # else: not in the trace (the profiled iteration never touched
+            # it): untracked, never moved.
+        if by_name is not None:
+            self._ids.next_id = max(by_name.values(), default=-1) + 1
         self._ids.n_global = self._ids.next_id
         self._mode = _Mode(self)
         self._curve: list[int] | None = None

@@ -129,7 +129,28 @@ class Profiler:
         for i in self._saved:
             if not self._tensors[i][2]:
                 self._tensors[i][1] = "activation"
+        self._drop_untouched()
         self.iterations += 1
+
+    def _drop_untouched(self) -> None:
+        """A trace holds only tensors its kernels access, so a global tensor
+        the iteration never touched (an unused parameter or buffer, and its
+        optimizer state) is dropped and the others are numbered densely, in
+        the same order.  OffloadRuntime finds global tensors by name, so it
+        leaves the dropped ones where they are."""
+        used = set()
+        for _, _, acc in self._kernels:
+            used.update(i for i, _ in acc)
+        if len(used) == len(self._tensors):
+            return
+        new_id = {}
+        kept = []
+        for i, t in enumerate(self._tensors):
+            if i in used:
+                new_id[i] = len(kept)
+                kept.append(t)
+        self._tensors = kept
+        self._kernels = [(n, d, [(new_id[i], m) for i, m in acc]) for n, d, acc in self._kernels]
 
     @property
     def n_kernels(self) -> int:
