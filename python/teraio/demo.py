@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import struct
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -241,13 +243,24 @@ def mib(x: float) -> str:
 
 
 def parent(args) -> int:
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        sys.stderr.write(f"teraio demo: output directory '{args.out}': {e.strerror}\n")
+        return 1
     for d in args.ssd or []:
         if not os.path.isdir(d):
             sys.stderr.write(f"teraio demo: ssd directory '{d}' does not exist or is not a directory\n")
             return 1
         if not os.access(d, os.W_OK | os.X_OK):
             sys.stderr.write(f"teraio demo: ssd directory '{d}' is not writable\n")
+            return 1
+        # Create a file there now, so that a directory that takes none
+        # (/proc, a read-only mount seen by root) fails before run A.
+        try:
+            tempfile.TemporaryFile(dir=d).close()
+        except OSError as e:
+            sys.stderr.write(f"teraio demo: ssd directory '{d}' cannot hold files: {e.strerror}\n")
             return 1
     t0 = time.time()
     a = child("A", args, [])
@@ -314,8 +327,35 @@ def parent(args) -> int:
     return 0 if identical else 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes as one line, like the other teraio commands."""
+
+    def error(self, message):
+        self.exit(2, f"teraio demo: {message} (try --help)\n")
+
+
+def check_args(args) -> str | None:
+    """What is wrong with the options, or None."""
+    if args.iterations < 4:
+        return "--iterations must be >= 4"
+    for name in ("dim", "layers", "heads", "ffn_dim", "seq_len", "batch"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1"
+    if args.dim % args.heads or (args.dim // args.heads) % 2:
+        return (f"--dim ({args.dim}) must be --heads ({args.heads}) times an even head size "
+                f"(rotary embeddings rotate pairs)")
+    shares = (("capacity_fraction", 0, 1, False), ("bandwidth_derate", 0, 1, False),
+              ("plan_headroom", 0, 1, True))
+    for name, lo, hi, lo_ok in shares:
+        v = getattr(args, name)
+        if not (math.isfinite(v) and (v >= lo if lo_ok else v > lo) and (v <= hi if not lo_ok else v < hi)):
+            interval = f"[{lo}, {hi})" if lo_ok else f"({lo}, {hi}]"
+            return f"--{name.replace('_', '-')} must be in {interval}, got {v:g}"
+    return None
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m teraio.demo", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="python -m teraio.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="build/demo", help="output directory (default build/demo)")
     ap.add_argument("--ssd", action="append", metavar="DIR", help="SSD directory (repeat for striping)")
     ap.add_argument("--iterations", type=int, default=14, help="training iterations per run (>= 4)")
@@ -335,15 +375,16 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.iterations < 4:
-        ap.error("--iterations must be >= 4")
+    problem = check_args(args)
+    if problem:
+        ap.error(problem)
     if not args.child:
         return parent(args)
     setup_process()
     from ._lib import TeraioError
     try:
         result = run_a(args) if args.child == "A" else run_b(args)
-    except TeraioError as e:
+    except (TeraioError, OSError) as e:
         progress("")
         sys.stderr.write(f"teraio demo: {e}\n")
         return 1

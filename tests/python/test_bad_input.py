@@ -59,3 +59,51 @@ def test_model_with_unused_parameter_is_profiled_and_trained(ssd_dir):
     assert stats["bytes_offloaded"] > 0 and not stats["diverged"]
     for a, b in zip(job.model.parameters(), ref.model.parameters()):
         assert torch.equal(a, b)
+
+
+def run_demo(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "teraio.demo", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, says", [
+    # A capacity of 0, a negative one or NaN reached the planner after run A
+    # (a negative one wrapped to 2^64 - x in ctypes: no offloading, exit 0).
+    (["--capacity-fraction", "0"], "--capacity-fraction must be in (0, 1], got 0"),
+    (["--capacity-fraction", "-1"], "--capacity-fraction must be in (0, 1], got -1"),
+    (["--capacity-fraction", "nan"], "--capacity-fraction must be in (0, 1], got nan"),
+    (["--capacity-fraction", "2"], "--capacity-fraction must be in (0, 1], got 2"),
+    (["--bandwidth-derate", "0"], "--bandwidth-derate must be in (0, 1], got 0"),
+    (["--plan-headroom", "1"], "--plan-headroom must be in [0, 1), got 1"),
+    (["--iterations", "0"], "--iterations must be >= 4"),
+    # --layers 0 gave a model whose parameters no kernel touches; --heads 5
+    # a traceback from a view; --batch 0 trained on nothing ("losses nan").
+    (["--layers", "0"], "--layers must be >= 1"),
+    (["--batch", "0"], "--batch must be >= 1"),
+    (["--heads", "5"], "--dim (384) must be --heads (5) times an even head size"),
+    (["--iterations", "x"], "argument --iterations: invalid int value: 'x'"),
+])
+def test_demo_bad_option_is_one_line(tmp_path, args, says):
+    r = run_demo("--out", str(tmp_path / "d"), *args)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("teraio demo: ")
+    assert says in r.stderr
+    assert not (tmp_path / "d").exists()  # nothing ran
+
+
+def test_demo_output_path_is_a_file_is_one_line(tmp_path):
+    """--out naming a file used to end in a FileExistsError traceback."""
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    r = run_demo("--out", str(f))
+    assert r.returncode == 1
+    assert r.stderr == f"teraio demo: output directory '{f}': File exists\n"
+
+
+def test_demo_ssd_that_takes_no_files_fails_before_run_a(tmp_path):
+    """--ssd /proc passed the directory checks (root may write anywhere) and
+    failed only in run B, after run A had trained for the whole run."""
+    r = run_demo("--out", str(tmp_path / "d"), "--ssd", "/proc")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("teraio demo: ssd directory '/proc' ")
+    assert not (tmp_path / "d" / "run_a.json").exists()
