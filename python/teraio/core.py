@@ -14,6 +14,15 @@ from typing import Iterable, Sequence
 from . import _lib as L
 
 KINDS = {"parameter": 0, "gradient": 1, "optimizer_state": 2, "activation": 3, "temporary": 4}
+
+
+def _u64(what: str, value, least: int = 0) -> int:
+    """`value` as an integer in [least, 2^64): ctypes would silently wrap a
+    negative or too large one (a capacity of -1 became 2^64 - 1)."""
+    v = int(value)
+    if v != value or not least <= v < 1 << 64:
+        raise ValueError(f"{what} must be an integer in [{least}, 2^64), got {value!r}")
+    return v
 READ, WRITE = 1, 2
 TIER_NAMES = {0: "device", 1: "host", 2: "ssd"}
 
@@ -33,10 +42,10 @@ class Trace:
         t = cls(p)
         tid = ctypes.c_uint32()
         for nbytes, kind, is_global, name in tensors:
-            L.check(L.tio_trace_add_tensor(p, nbytes, KINDS[kind], is_global,
+            L.check(L.tio_trace_add_tensor(p, _u64("tensor bytes", nbytes, 1), KINDS[kind], is_global,
                                            name.encode() if name else None, ctypes.byref(tid)))
         for name, dur, accesses in kernels:
-            L.check(L.tio_trace_add_kernel(p, name.encode(), int(dur)))
+            L.check(L.tio_trace_add_kernel(p, name.encode(), _u64("kernel duration_ns", int(dur))))
             for tensor, mode in accesses:
                 L.check(L.tio_trace_add_access(p, tensor, mode))
         L.check(L.tio_trace_validate(p))
@@ -120,10 +129,10 @@ class Plan:
               ssd_write_gbps: float, host_cap_bytes: int = 0) -> "Plan":
         opt = L.PlanOptions()
         L.tio_plan_options_default(ctypes.byref(opt))
-        opt.capacity_bytes = int(capacity_bytes)
+        opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
         opt.ssd_read_gbps = ssd_read_gbps
         opt.ssd_write_gbps = ssd_write_gbps
-        opt.host_cap_bytes = int(host_cap_bytes)
+        opt.host_cap_bytes = _u64("host_cap_bytes", host_cap_bytes)
         p = L.PlanP()
         L.check(L.tio_plan_build(trace._p, lifetime._p, ctypes.byref(opt), ctypes.byref(p)))
         return cls(p, trace)
@@ -177,7 +186,7 @@ class Engine:
         self._dirs = (ctypes.c_char_p * len(dirs))(*[os.fsencode(d) for d in dirs])
         opt.dirs = self._dirs
         opt.n_dirs = len(dirs)
-        opt.capacity_bytes = int(capacity_bytes)
+        opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
         opt.backend = BACKENDS[backend]
         self._p = ctypes.c_void_p()
         L.check(L.tio_engine_create(ctypes.byref(opt), ctypes.byref(self._p)))

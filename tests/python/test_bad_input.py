@@ -107,3 +107,79 @@ def test_demo_ssd_that_takes_no_files_fails_before_run_a(tmp_path):
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("teraio demo: ssd directory '/proc' ")
     assert not (tmp_path / "d" / "run_a.json").exists()
+
+
+def profiled(job, ssd_dir):
+    prof = Profiler(job.model, job.opt)
+    for i in range(2):
+        with prof.iteration():
+            job.step(i)
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    plan = Plan.build(trace, lt, lt.peak_bytes // 2, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
+    engine = Engine([ssd_dir], capacity_bytes=2 * lt.peak_bytes + (16 << 20))
+    return trace, lt, plan, engine
+
+
+@pytest.mark.parametrize("capacity", [-5, 0, 1 << 64, (1 << 64) + 5, 2.5])
+def test_plan_capacity_out_of_range_is_refused(ssd_dir, capacity):
+    """ctypes wrapped a negative capacity to 2^64 - 5 (a plan that moves
+    nothing, without a word) and 2^64 + 5 to 5."""
+    trace, lt, _, _ = profiled(TinyJob(), ssd_dir)
+    with pytest.raises(ValueError, match="capacity_bytes must be an integer in"):
+        Plan.build(trace, lt, capacity, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
+
+
+def test_trace_and_engine_sizes_out_of_range_are_refused(ssd_dir):
+    from teraio.core import Trace
+    with pytest.raises(ValueError, match="tensor bytes must be an integer in"):
+        Trace.build("m", [(-1, "parameter", True, "w")], [("k", 1, [(0, 1)])])
+    with pytest.raises(ValueError, match="kernel duration_ns must be an integer in"):
+        Trace.build("m", [(4, "parameter", True, "w")], [("k", -1, [(0, 1)])])
+    with pytest.raises(ValueError, match="capacity_bytes must be an integer in"):
+        Engine([ssd_dir], capacity_bytes=-1)
+
+
+def test_runtime_of_another_model_diverges_and_stays_correct(ssd_dir):
+    """A trace and plan profiled on one model, applied to a bigger one: the
+    globals that match by name and size are bound, the op sequence diverges,
+    and the losses equal those of a run without offloading."""
+    import dataclasses
+    from conftest import TINY
+    from teraio.models.llama import Llama
+
+    class Bigger(TinyJob):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(5)
+            self.model = Llama(dataclasses.replace(TINY, n_layers=3))
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, foreach=False)
+
+    trace, _, plan, engine = profiled(TinyJob(), ssd_dir)
+    ref = Bigger()
+    ref_losses = [ref.step(i).item() for i in range(len(ref.batches))]
+    job = Bigger()
+    losses = [job.step(i).item() for i in range(2)]
+    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    for i in range(2, len(job.batches)):
+        with rt.iteration():
+            losses.append(job.step(i).item())
+    assert rt.stats()["diverged"]
+    rt.close()
+    assert losses == ref_losses
+
+
+def test_runtime_used_after_close_says_so(ssd_dir):
+    job = TinyJob()
+    trace, _, plan, engine = profiled(job, ssd_dir)
+    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    with rt.iteration():
+        job.step(2)
+    rt.close()
+    job.step(3)  # every tensor is back: plain training works
+    with pytest.raises(RuntimeError, match="OffloadRuntime is closed"):
+        with rt.iteration():
+            job.step(4)
+    with pytest.raises(RuntimeError, match="OffloadRuntime is closed"):
+        rt.fetch_all()
+    rt.close()  # twice is fine

@@ -236,9 +236,14 @@ class OffloadRuntime:
                 L.check(L.tio_runtime_tensor_unbind(self._p, i))
 
     # -- public ---------------------------------------------------------------
+    def _open(self) -> None:
+        if not self._p:
+            raise RuntimeError("OffloadRuntime is closed: create a new one to offload again")
+
     @contextlib.contextmanager
     def iteration(self):
         """Run one training iteration with the plan applied."""
+        self._open()
         self._drain_deaths()
         self._ids.start_iteration()
         self.k = 0
@@ -256,6 +261,7 @@ class OffloadRuntime:
 
     def fetch_all(self) -> None:
         """Bring every offloaded tensor back (before checkpointing or eval)."""
+        self._open()
         L.check(L.tio_runtime_fetch_all(self._p))
 
     def stats(self) -> dict:
