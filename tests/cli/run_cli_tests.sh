@@ -110,6 +110,16 @@ expect_one_line_error "analyze: hex bandwidth" "$teraio" analyze "$work/good.tio
 expect_one_line_error "analyze: empty bandwidth" "$teraio" analyze "$work/good.tio" --ssd-write-gbps=
 expect_one_line_error "analyze: bandwidth 1e400" "$teraio" analyze "$work/good.tio" --ssd-read-gbps 1e400
 expect_one_line_error "analyze: bandwidth nan" "$teraio" analyze "$work/good.tio" --ssd-read-gbps nan
+# A model text that is not UTF-8 went into --json raw: output that no JSON
+# parser reads.  Such bytes are now written as \ufffd.
+printf 'teraio-trace 1\nmodel a\377b\ncounts 1 1 1\ntensor 0 5 parameter global\nkernel 0 1 k r:0\n' >"$work/latin1.tio"
+if "$teraio" analyze --json "$work/latin1.tio" >"$work/out.json" &&
+   grep -q '"model": "a\\ufffdb"' "$work/out.json" && ! LC_ALL=C grep -q $'\377' "$work/out.json"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: analyze --json: a model text that is not UTF-8 is not escaped" >&2
+fi
 
 # --- teraio plan ------------------------------------------------------------
 # The trace of tests/c/test_plan.c: M peaks at 5000 B (kernel 3); kernel 6
