@@ -183,3 +183,22 @@ def test_runtime_used_after_close_says_so(ssd_dir):
     with pytest.raises(RuntimeError, match="OffloadRuntime is closed"):
         rt.fetch_all()
     rt.close()  # twice is fine
+
+
+def test_profiler_discards_an_iteration_that_raised():
+    """An iteration that raised left its partial kernels behind, and
+    Profiler.trace() returned them as if it were a whole iteration."""
+    job = TinyJob()
+    prof = Profiler(job.model, job.opt)
+    with prof.iteration():
+        job.step(0)
+    whole = prof.trace()
+    with pytest.raises(ZeroDivisionError):
+        with prof.iteration():
+            job.model(job.batches[1][:, :-1], job.batches[1][:, 1:])  # forward only
+            1 / 0
+    assert prof.iterations == 1
+    again = prof.trace()
+    assert again.n_kernels == whole.n_kernels and again.n_tensors == whole.n_tensors
+    assert [again.kernel_name(k) for k in range(again.n_kernels)] == \
+        [whole.kernel_name(k) for k in range(whole.n_kernels)]

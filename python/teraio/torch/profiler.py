@@ -113,7 +113,10 @@ class Profiler:
 
     @contextlib.contextmanager
     def iteration(self):
-        """Profile one iteration (forward, backward, optimizer step)."""
+        """Profile one iteration (forward, backward, optimizer step).  If the
+        body raises, the iteration is discarded: the last complete one stays
+        the trace."""
+        last = (self._ids, self._kernels, self._tensors, self._saved, self._forward_seen)
         self._ids = StorageIds()
         self._kernels, self._tensors = [], []
         self._saved, self._forward_seen = set(), set()
@@ -124,8 +127,12 @@ class Profiler:
             self._ids.assign(st)
             self._tensors.append([st.nbytes(), kind, True, name])
         self._ids.n_global = self._ids.next_id
-        with _Recorder(self):
-            yield self
+        try:
+            with _Recorder(self):
+                yield self
+        except BaseException:
+            self._ids, self._kernels, self._tensors, self._saved, self._forward_seen = last
+            raise
         for i in self._saved:
             if not self._tensors[i][2]:
                 self._tensors[i][1] = "activation"
