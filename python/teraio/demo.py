@@ -384,7 +384,7 @@ def main(argv=None) -> int:
     from ._lib import TeraioError
     try:
         result = run_a(args) if args.child == "A" else run_b(args)
-    except (TeraioError, OSError, ValueError) as e:
+    except (TeraioError, OSError, ValueError, RuntimeError, MemoryError) as e:
         progress("")
         sys.stderr.write(f"teraio demo: {e}\n")
         return 1

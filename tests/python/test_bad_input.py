@@ -202,3 +202,20 @@ def test_profiler_discards_an_iteration_that_raised():
     assert again.n_kernels == whole.n_kernels and again.n_tensors == whole.n_tensors
     assert [again.kernel_name(k) for k in range(again.n_kernels)] == \
         [whole.kernel_name(k) for k in range(whole.n_kernels)]
+
+
+def _overcommit_refuses_huge():
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return f.read().strip() in ("0", "2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _overcommit_refuses_huge(), reason="the kernel would grant 1 TB lazily")
+def test_demo_model_too_big_for_memory_is_one_line(tmp_path):
+    """A model that cannot be allocated (1 TB of embedding) ended in a
+    torch RuntimeError traceback from the child."""
+    r = run_demo("--out", str(tmp_path / "d"), "--dim", "1000000000", "--heads", "2")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("teraio demo: ")
