@@ -694,6 +694,80 @@ static void test_create_rejects_bad_plans(void **state)
     assert_int_equal(create_with(m, NULL), -EINVAL);
 }
 
+/* The scaffold of the global-tensor tests below: one global tensor G of
+ * G_BYTES (64 KiB + 1) used only by kernel `use` of `n` kernels, a plan of
+ * one prefetch and one offload of G to SSD, an engine, and a runtime with G
+ * bound to a buffer holding a pattern. */
+#define G_BYTES 65537u
+
+typedef struct {
+    tio_trace *tr;
+    tio_migration m[2];
+    tio_plan plan;
+    char dir[4096];
+    tio_engine *engine;
+    fake_framework fw;
+    tio_runtime_callbacks cb;
+    tio_runtime *rt;
+} one_global;
+
+static tio_migration g_migration(tio_migration_kind kind, uint32_t trigger, uint32_t deadline)
+{
+    return (tio_migration){.tensor = 0, .kind = kind, .trigger_kernel = trigger,
+                           .deadline_kernel = deadline, .tier = TIO_TIER_SSD, .bytes = G_BYTES};
+}
+
+/* Trace and plan only (a test may check the plan before the runtime). */
+static void one_global_plan(one_global *o, const char *const *names, uint32_t n, uint32_t use,
+                            tio_migration prefetch, tio_migration offload)
+{
+    memset(o, 0, sizeof *o);
+    assert_int_equal(tio_trace_create("one global", &o->tr), 0);
+    uint32_t g;
+    assert_int_equal(tio_trace_add_tensor(o->tr, G_BYTES, TIO_KIND_PARAMETER, true, "g", &g), 0);
+    assert_int_equal(g, 0);
+    for (uint32_t k = 0; k < n; k++) {
+        assert_int_equal(tio_trace_add_kernel(o->tr, names[k], 1000), 0);
+        if (k == use)
+            assert_int_equal(tio_trace_add_access(o->tr, g, TIO_ACCESS_READ), 0);
+    }
+    o->m[0] = prefetch;
+    o->m[1] = offload;
+    plan_init(&o->plan, o->m, 2);
+    o->plan.n_kernels = n;
+    o->plan.n_tensors = 1;
+}
+
+/* Engine, runtime, G bound with pattern `seed`. */
+static void one_global_start(one_global *o, unsigned seed)
+{
+    make_dir(o->dir, sizeof o->dir);
+    tio_engine_options eo;
+    tio_engine_options_default(&eo);
+    const char *dirs[1] = {o->dir};
+    eo.dirs = dirs;
+    eo.n_dirs = 1;
+    eo.capacity_bytes = 1u << 20;
+    assert_int_equal(tio_engine_create(&eo, &o->engine), 0);
+    o->fw.bytes[0] = G_BYTES;
+    o->cb = (tio_runtime_callbacks){.ctx = &o->fw, .allocate = fw_allocate, .release = fw_release};
+    assert_int_equal(tio_runtime_create(&o->plan, o->tr, o->engine, &o->cb, &o->rt), 0);
+    o->fw.mem[0] = malloc(G_BYTES);
+    assert_non_null(o->fw.mem[0]);
+    fill_pattern(o->fw.mem[0], G_BYTES, seed);
+    assert_int_equal(tio_runtime_tensor_bind(o->rt, 0, o->fw.mem[0], G_BYTES), 0);
+}
+
+static void one_global_finish(one_global *o)
+{
+    tio_runtime_destroy(o->rt);
+    tio_engine_destroy(o->engine);
+    rmdir(o->dir);
+    free(o->fw.mem[0]);
+    free(o->plan.planned_memory_bytes);
+    tio_trace_destroy(o->tr);
+}
+
 /* A global tensor G (64 KiB + 1) used only by kernel 2 of 4 has one
  * wrap-around inactive period: offload triggered at 3, done by kernel 0 of
  * the next iteration; prefetch triggered at 1, done by 2.  The first
@@ -703,81 +777,39 @@ static void test_create_rejects_bad_plans(void **state)
 static void test_wrap_around_period(void **state)
 {
     (void)state;
-    const uint64_t g_bytes = 65537;
     static const char *const names[4] = {"a", "b", "use_g", "d"};
-    tio_trace *tr;
-    assert_int_equal(tio_trace_create("wrap", &tr), 0);
-    uint32_t g;
-    assert_int_equal(tio_trace_add_tensor(tr, g_bytes, TIO_KIND_PARAMETER, true, "g", &g), 0);
-    for (uint32_t k = 0; k < 4; k++) {
-        assert_int_equal(tio_trace_add_kernel(tr, names[k], 1000), 0);
-        if (k == 2)
-            assert_int_equal(tio_trace_add_access(tr, g, TIO_ACCESS_READ), 0);
-    }
-    tio_migration m[2] = {
-        {.tensor = g, .kind = TIO_MIGRATION_PREFETCH, .trigger_kernel = 1, .deadline_kernel = 2,
-         .tier = TIO_TIER_SSD, .bytes = g_bytes},
-        {.tensor = g, .kind = TIO_MIGRATION_OFFLOAD, .trigger_kernel = 3, .deadline_kernel = 0,
-         .tier = TIO_TIER_SSD, .bytes = g_bytes},
-    };
-    tio_plan plan;
-    plan_init(&plan, m, 2);
-    plan.n_kernels = 4;
-    plan.n_tensors = 1;
-
-    char dir[4096];
-    make_dir(dir, sizeof dir);
-    tio_engine_options eo;
-    tio_engine_options_default(&eo);
-    const char *dirs[1] = {dir};
-    eo.dirs = dirs;
-    eo.n_dirs = 1;
-    eo.capacity_bytes = 1u << 20;
-    tio_engine *engine;
-    assert_int_equal(tio_engine_create(&eo, &engine), 0);
-
-    fake_framework fw = {.bytes = {g_bytes}};
-    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release};
-    tio_runtime *rt;
-    assert_int_equal(tio_runtime_create(&plan, tr, engine, &cb, &rt), 0);
-    fw.mem[0] = malloc(g_bytes);
-    assert_non_null(fw.mem[0]);
-    fill_pattern(fw.mem[0], g_bytes, 42);
-    assert_int_equal(tio_runtime_tensor_bind(rt, g, fw.mem[0], g_bytes), 0);
-
+    one_global o;
+    one_global_plan(&o, names, 4, 2, g_migration(TIO_MIGRATION_PREFETCH, 1, 2),
+                    g_migration(TIO_MIGRATION_OFFLOAD, 3, 0));
+    one_global_start(&o, 42);
     for (int it = 0; it < 3; it++) {
-        assert_int_equal(tio_runtime_iteration_begin(rt), 0);
+        assert_int_equal(tio_runtime_iteration_begin(o.rt), 0);
         for (uint32_t k = 0; k < 4; k++) {
-            assert_int_equal(tio_runtime_kernel_begin(rt, k, names[k]), 0);
+            assert_int_equal(tio_runtime_kernel_begin(o.rt, k, names[k]), 0);
             if (k == 0)
-                assert_false(tio_runtime_is_resident(rt, g));
+                assert_false(tio_runtime_is_resident(o.rt, 0));
             if (k == 2) {
                 void *addr = NULL;
-                assert_int_equal(tio_runtime_ensure_resident(rt, g, &addr), 0);
-                assert_true(has_pattern(addr, g_bytes, 42));
+                assert_int_equal(tio_runtime_ensure_resident(o.rt, 0, &addr), 0);
+                assert_true(has_pattern(addr, G_BYTES, 42));
             }
         }
     }
     /* Offloads before iteration 0 and at the end of iterations 0, 1, 2
      * (fetch_all waits for the last write and keeps G resident); releases
      * and prefetches in iterations 0, 1 and 2. */
-    assert_int_equal(tio_runtime_fetch_all(rt), 0);
-    assert_true(tio_runtime_is_resident(rt, g));
+    assert_int_equal(tio_runtime_fetch_all(o.rt), 0);
+    assert_true(tio_runtime_is_resident(o.rt, 0));
     tio_runtime_stats s;
-    tio_runtime_get_stats(rt, &s);
+    tio_runtime_get_stats(o.rt, &s);
     assert_int_equal(s.n_offloads, 4);
     assert_int_equal(s.n_prefetches, 3);
-    assert_int_equal(fw.n_release[0], 3);
-    assert_int_equal(fw.n_allocate[0], 3);
+    assert_int_equal(o.fw.n_release[0], 3);
+    assert_int_equal(o.fw.n_allocate[0], 3);
     assert_int_equal(s.stalls, 0);
     assert_int_equal(s.iterations, 3);
-    assert_int_equal(s.peak_resident_bytes, g_bytes);
-
-    tio_runtime_destroy(rt);
-    tio_engine_destroy(engine);
-    rmdir(dir);
-    free(fw.mem[0]);
-    tio_trace_destroy(tr);
+    assert_int_equal(s.peak_resident_bytes, G_BYTES);
+    one_global_finish(&o);
 }
 
 /* A global tensor G (64 KiB + 1) used only by kernel 1 of 6, whose plan
@@ -789,77 +821,35 @@ static void test_wrap_around_period(void **state)
 static void test_first_iteration_starts_from_steady_state(void **state)
 {
     (void)state;
-    const uint64_t g_bytes = 65537;
     static const char *const names[6] = {"a", "use_g", "c", "d", "e", "f"};
-    tio_trace *tr;
-    assert_int_equal(tio_trace_create("away", &tr), 0);
-    uint32_t g;
-    assert_int_equal(tio_trace_add_tensor(tr, g_bytes, TIO_KIND_OPTIMIZER_STATE, true, "g", &g), 0);
-    for (uint32_t k = 0; k < 6; k++) {
-        assert_int_equal(tio_trace_add_kernel(tr, names[k], 1000), 0);
-        if (k == 1)
-            assert_int_equal(tio_trace_add_access(tr, g, TIO_ACCESS_READ), 0);
-    }
-    tio_migration m[2] = {
-        {.tensor = g, .kind = TIO_MIGRATION_PREFETCH, .trigger_kernel = 0, .deadline_kernel = 1,
-         .tier = TIO_TIER_SSD, .bytes = g_bytes},
-        {.tensor = g, .kind = TIO_MIGRATION_OFFLOAD, .trigger_kernel = 2, .deadline_kernel = 4,
-         .tier = TIO_TIER_SSD, .bytes = g_bytes},
-    };
-    tio_plan plan;
-    plan_init(&plan, m, 2);
-    plan.n_kernels = 6;
-    plan.n_tensors = 1;
-
-    char dir[4096];
-    make_dir(dir, sizeof dir);
-    tio_engine_options eo;
-    tio_engine_options_default(&eo);
-    const char *dirs[1] = {dir};
-    eo.dirs = dirs;
-    eo.n_dirs = 1;
-    eo.capacity_bytes = 1u << 20;
-    tio_engine *engine;
-    assert_int_equal(tio_engine_create(&eo, &engine), 0);
-
-    fake_framework fw = {.bytes = {g_bytes}};
-    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release};
-    tio_runtime *rt;
-    assert_int_equal(tio_runtime_create(&plan, tr, engine, &cb, &rt), 0);
-    fw.mem[0] = malloc(g_bytes);
-    assert_non_null(fw.mem[0]);
-    fill_pattern(fw.mem[0], g_bytes, 7);
-    assert_int_equal(tio_runtime_tensor_bind(rt, g, fw.mem[0], g_bytes), 0);
-
+    one_global o;
+    one_global_plan(&o, names, 6, 1, g_migration(TIO_MIGRATION_PREFETCH, 0, 1),
+                    g_migration(TIO_MIGRATION_OFFLOAD, 2, 4));
+    one_global_start(&o, 7);
     tio_runtime_stats s;
     for (int it = 0; it < 2; it++) {
-        assert_int_equal(tio_runtime_iteration_begin(rt), 0);
-        tio_runtime_get_stats(rt, &s);
+        assert_int_equal(tio_runtime_iteration_begin(o.rt), 0);
+        tio_runtime_get_stats(o.rt, &s);
         assert_int_equal(s.resident_bytes, 0);
-        assert_false(tio_runtime_is_resident(rt, g));
+        assert_false(tio_runtime_is_resident(o.rt, 0));
         for (uint32_t k = 0; k < 6; k++) {
-            assert_int_equal(tio_runtime_kernel_begin(rt, k, names[k]), 0);
+            assert_int_equal(tio_runtime_kernel_begin(o.rt, k, names[k]), 0);
             if (k == 1) {
                 void *addr = NULL;
-                assert_int_equal(tio_runtime_ensure_resident(rt, g, &addr), 0);
-                assert_true(has_pattern(addr, g_bytes, 7));
+                assert_int_equal(tio_runtime_ensure_resident(o.rt, 0, &addr), 0);
+                assert_true(has_pattern(addr, G_BYTES, 7));
             }
         }
     }
-    tio_runtime_get_stats(rt, &s);
+    tio_runtime_get_stats(o.rt, &s);
     assert_int_equal(s.n_offloads, 3);   /* before iteration 0, at kernel 2 of both */
     assert_int_equal(s.n_prefetches, 2); /* at kernel 0 of iterations 0 and 1 */
-    assert_int_equal(fw.n_release[0], 3);
-    assert_int_equal(fw.n_allocate[0], 2);
+    assert_int_equal(o.fw.n_release[0], 3);
+    assert_int_equal(o.fw.n_allocate[0], 2);
     assert_int_equal(s.stalls, 0);
-    assert_int_equal(s.peak_resident_bytes, g_bytes);
-
-    assert_int_equal(tio_runtime_fetch_all(rt), 0);
-    tio_runtime_destroy(rt);
-    tio_engine_destroy(engine);
-    rmdir(dir);
-    free(fw.mem[0]);
-    tio_trace_destroy(tr);
+    assert_int_equal(s.peak_resident_bytes, G_BYTES);
+    assert_int_equal(tio_runtime_fetch_all(o.rt), 0);
+    one_global_finish(&o);
 }
 
 /* Migrations triggered and due at the same kernel are synchronous, as
@@ -874,79 +864,37 @@ static void test_first_iteration_starts_from_steady_state(void **state)
 static void test_same_kernel_trigger_and_deadline(void **state)
 {
     (void)state;
-    const uint64_t g_bytes = 65537;
     static const char *const names[6] = {"a", "use_g", "c", "d", "e", "f"};
-    tio_trace *tr;
-    assert_int_equal(tio_trace_create("sync", &tr), 0);
-    uint32_t g;
-    assert_int_equal(tio_trace_add_tensor(tr, g_bytes, TIO_KIND_PARAMETER, true, "g", &g), 0);
-    for (uint32_t k = 0; k < 6; k++) {
-        assert_int_equal(tio_trace_add_kernel(tr, names[k], 1000), 0);
-        if (k == 1)
-            assert_int_equal(tio_trace_add_access(tr, g, TIO_ACCESS_READ), 0);
-    }
-    tio_migration m[2] = {
-        {.tensor = g, .kind = TIO_MIGRATION_PREFETCH, .trigger_kernel = 1, .deadline_kernel = 1,
-         .tier = TIO_TIER_SSD, .bytes = g_bytes},
-        {.tensor = g, .kind = TIO_MIGRATION_OFFLOAD, .trigger_kernel = 3, .deadline_kernel = 3,
-         .tier = TIO_TIER_SSD, .bytes = g_bytes},
-    };
-    tio_plan plan;
-    plan_init(&plan, m, 2);
-    plan.n_kernels = 6;
-    plan.n_tensors = 1;
-    assert_int_equal(tio_plan_check(&plan, tr, NULL), 0);
-    static const uint64_t want[6] = {0, 65537, 65537, 0, 0, 0}; /* G away over [3, 7) */
-    assert_memory_equal(plan.planned_memory_bytes, want, sizeof want);
-
-    char dir[4096];
-    make_dir(dir, sizeof dir);
-    tio_engine_options eo;
-    tio_engine_options_default(&eo);
-    const char *dirs[1] = {dir};
-    eo.dirs = dirs;
-    eo.n_dirs = 1;
-    eo.capacity_bytes = 1u << 20;
-    tio_engine *engine;
-    assert_int_equal(tio_engine_create(&eo, &engine), 0);
-
-    fake_framework fw = {.bytes = {g_bytes}};
-    tio_runtime_callbacks cb = {.ctx = &fw, .allocate = fw_allocate, .release = fw_release};
-    tio_runtime *rt;
-    assert_int_equal(tio_runtime_create(&plan, tr, engine, &cb, &rt), 0);
-    fw.mem[0] = malloc(g_bytes);
-    assert_non_null(fw.mem[0]);
-    fill_pattern(fw.mem[0], g_bytes, 9);
-    assert_int_equal(tio_runtime_tensor_bind(rt, g, fw.mem[0], g_bytes), 0);
+    one_global o;
+    one_global_plan(&o, names, 6, 1, g_migration(TIO_MIGRATION_PREFETCH, 1, 1),
+                    g_migration(TIO_MIGRATION_OFFLOAD, 3, 3));
+    assert_int_equal(tio_plan_check(&o.plan, o.tr, NULL), 0);
+    static const uint64_t want[6] = {0, G_BYTES, G_BYTES, 0, 0, 0}; /* G away over [3, 7) */
+    assert_memory_equal(o.plan.planned_memory_bytes, want, sizeof want);
+    one_global_start(&o, 9);
 
     tio_runtime_stats s;
     for (int it = 0; it < 2; it++) {
-        assert_int_equal(tio_runtime_iteration_begin(rt), 0);
+        assert_int_equal(tio_runtime_iteration_begin(o.rt), 0);
         for (uint32_t k = 0; k < 6; k++) {
-            assert_int_equal(tio_runtime_kernel_begin(rt, k, names[k]), 0);
+            assert_int_equal(tio_runtime_kernel_begin(o.rt, k, names[k]), 0);
             if (k == 1) {
                 void *addr = NULL;
-                assert_int_equal(tio_runtime_ensure_resident(rt, g, &addr), 0);
-                assert_true(has_pattern(addr, g_bytes, 9));
+                assert_int_equal(tio_runtime_ensure_resident(o.rt, 0, &addr), 0);
+                assert_true(has_pattern(addr, G_BYTES, 9));
             }
-            tio_runtime_get_stats(rt, &s);
+            tio_runtime_get_stats(o.rt, &s);
             assert_int_equal(s.resident_bytes, want[k]);
         }
     }
-    tio_runtime_get_stats(rt, &s);
+    tio_runtime_get_stats(o.rt, &s);
     assert_int_equal(s.n_offloads, 3);   /* before iteration 0, at kernel 3 of both */
     assert_int_equal(s.n_prefetches, 2); /* at kernel 1 of both */
-    assert_int_equal(fw.n_release[0], 3);
-    assert_int_equal(fw.n_allocate[0], 2);
+    assert_int_equal(o.fw.n_release[0], 3);
+    assert_int_equal(o.fw.n_allocate[0], 2);
     assert_int_equal(s.stalls, 0);
-
-    assert_int_equal(tio_runtime_fetch_all(rt), 0);
-    tio_runtime_destroy(rt);
-    tio_engine_destroy(engine);
-    rmdir(dir);
-    free(fw.mem[0]);
-    free(plan.planned_memory_bytes);
-    tio_trace_destroy(tr);
+    assert_int_equal(tio_runtime_fetch_all(o.rt), 0);
+    one_global_finish(&o);
 }
 
 /* With staging callbacks (device memory the engine cannot address), every
