@@ -22,7 +22,11 @@ int cmd_data(int argc, char **argv);
 /* Print "teraio <cmd>: <message>" on stderr; returns exit status 1. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Same, for a library error code: appends tio_last_error() or tio_strerror(rc). */
+/* A usage mistake: "teraio <cmd>: <message> (try 'teraio <cmd> --help')" on
+ * stderr; returns exit status 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Same as cli_error, for a library error code: appends tio_last_error() or tio_strerror(rc). */
 int cli_lib_error(const char *cmd, int rc);
 
 /* Parse a byte count: a decimal number (digits, optional fraction and

@@ -40,18 +40,8 @@ static void usage(FILE *f)
             "  -h, --help          show this help\n");
 }
 
-/* A usage error: one line on stderr, exit status 2. */
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "teraio " CMD ": ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (try 'teraio " CMD " --help')\n");
-    return 2;
-}
+/* A usage mistake: one line on stderr, exit status 2. */
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 /* Length of the well-formed UTF-8 sequence at p (1 to 4), 0 if it is not
  * one (stray continuation byte, overlong form, surrogate, above U+10FFFF). */

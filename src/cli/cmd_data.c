@@ -68,17 +68,8 @@ static void usage(FILE *f)
             "         --fill-threads: threads reading tokens (default: the loader's).\n");
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "teraio " CMD ": ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (try 'teraio data --help')\n");
-    return 2;
-}
+/* A usage mistake: one line on stderr, exit status 2. */
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 {

@@ -64,17 +64,8 @@ static void eval_usage(FILE *f)
         "  --strategy S trace: only this strategy\n");
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "teraio eval: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (try 'teraio eval --help')\n");
-    return 2;
-}
+/* A usage mistake: one line on stderr, exit status 2. */
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 typedef struct {
     const char *mode, *target, *hw_path, *plan_path, *svg_dir, *strategy;

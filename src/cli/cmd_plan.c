@@ -43,18 +43,8 @@ static void plan_usage(FILE *f)
         "(unreadable trace, capacity below a single kernel's need); 2 bad usage.\n");
 }
 
-/* One line on stderr for a usage mistake; exit status 2. */
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "teraio plan: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (try 'teraio plan --help')\n");
-    return 2;
-}
+/* A usage mistake: one line on stderr, exit status 2. */
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 typedef struct {
     const char *trace_path;

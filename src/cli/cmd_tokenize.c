@@ -49,17 +49,8 @@ static void usage(FILE *f)
             "  -h, --help        show this help\n");
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "teraio " CMD ": ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (try 'teraio " CMD " --help')\n");
-    return 2;
-}
+/* A usage mistake: one line on stderr, exit status 2. */
+#define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
 /* Read FILE ("-": standard input).  Returns 0 or prints and returns 1. */
 static int read_input(const char *path, char **data, size_t *len)

@@ -22,6 +22,17 @@ int cli_error(const char *cmd, const char *fmt, ...)
     return 1;
 }
 
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "teraio %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (try 'teraio %s --help')\n", cmd);
+    return 2;
+}
+
 int cli_lib_error(const char *cmd, int rc)
 {
     const char *msg = tio_last_error();
