@@ -27,4 +27,18 @@ char *tio_plan_format_bytes(uint64_t bytes, char *buf);
 int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
                           const tio_plan_options *opt);
 
+/* A growable list of migrations, as a planner emits them. */
+typedef struct {
+    tio_migration *m;
+    uint32_t n, cap;
+} tio_migration_list;
+
+/* Append the offload/prefetch pair that takes `per`'s tensor away over
+ * [k_off, k_pre) on `tier`: offload triggered at last_use + 1 and due at
+ * k_off, prefetch triggered at k_pre and due at next_use (kernel indices
+ * taken modulo n_kernels, as plan.h stores them).  Returns 0 or -ENOMEM. */
+int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
+                       const tio_inactive_period *per, uint64_t k_off, uint64_t k_pre,
+                       tio_tier tier);
+
 #endif

@@ -56,8 +56,7 @@ typedef struct {
     uint64_t *planned;             /* [n] M' */
     uint64_t *budget[N_CHANNELS];  /* [n] bytes left per channel */
     uint64_t *host;                /* [n] bytes in the host tier */
-    tio_migration *migrations;
-    uint32_t n_migrations, cap_migrations;
+    tio_migration_list migrations;
     uint64_t bytes_to_ssd, bytes_to_host;
 } planner;
 
@@ -175,20 +174,28 @@ static placement place(const planner *p, const tio_inactive_period *per)
     return place_on(p, per, CH_HOST_WRITE, CH_HOST_READ, TIO_TIER_HOST);
 }
 
-static int emit(planner *p, uint32_t tensor, tio_migration_kind kind, uint64_t trigger,
-                uint64_t deadline, tio_tier tier, uint64_t bytes)
+int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
+                       const tio_inactive_period *per, uint64_t k_off, uint64_t k_pre,
+                       tio_tier tier)
 {
-    int rc = tio_grow((void **)&p->migrations, &p->cap_migrations, p->n_migrations + 1,
-                      sizeof *p->migrations);
+    int rc = tio_grow((void **)&list->m, &list->cap, list->n + 2, sizeof *list->m);
     if (rc)
         return rc;
-    p->migrations[p->n_migrations++] = (tio_migration){
-        .tensor = tensor,
-        .kind = kind,
-        .trigger_kernel = (uint32_t)(trigger % p->n),
-        .deadline_kernel = (uint32_t)(deadline % p->n),
+    list->m[list->n++] = (tio_migration){
+        .tensor = per->tensor,
+        .kind = TIO_MIGRATION_OFFLOAD,
+        .trigger_kernel = (uint32_t)((per->last_use + 1ull) % n_kernels),
+        .deadline_kernel = (uint32_t)(k_off % n_kernels),
         .tier = tier,
-        .bytes = bytes,
+        .bytes = per->bytes,
+    };
+    list->m[list->n++] = (tio_migration){
+        .tensor = per->tensor,
+        .kind = TIO_MIGRATION_PREFETCH,
+        .trigger_kernel = (uint32_t)(k_pre % n_kernels),
+        .deadline_kernel = (uint32_t)(per->next_use % n_kernels),
+        .tier = tier,
+        .bytes = per->bytes,
     };
     return 0;
 }
@@ -198,9 +205,7 @@ static int apply(planner *p, const tio_inactive_period *per, const placement *pl
 {
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes, unused;
     bool ssd = pl->tier == TIO_TIER_SSD;
-    int rc = emit(p, per->tensor, TIO_MIGRATION_OFFLOAD, a + 1, pl->k_off, pl->tier, s);
-    if (!rc)
-        rc = emit(p, per->tensor, TIO_MIGRATION_PREFETCH, pl->k_pre, b, pl->tier, s);
+    int rc = tio_plan_emit_pair(&p->migrations, p->n, per, pl->k_off, pl->k_pre, pl->tier);
     if (rc)
         return rc;
     walk_offload(p->budget[ssd ? CH_SSD_WRITE : CH_HOST_WRITE], p->n, a, b, s, true, &unused);
@@ -324,7 +329,7 @@ static void planner_free(planner *p)
     for (int c = 0; c < N_CHANNELS; c++)
         free(p->budget[c]);
     free(p->host);
-    free(p->migrations);
+    free(p->migrations.m);
 }
 
 static int planner_init(planner *p, const tio_trace *trace, const tio_lifetime *lt,
@@ -380,7 +385,7 @@ int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
         return rc;
     rc = plan_rounds(&p);
     if (!rc)
-        rc = tio_plan_sort_migrations(p.migrations, p.n_migrations);
+        rc = tio_plan_sort_migrations(p.migrations.m, p.migrations.n);
     tio_plan *plan = rc ? NULL : calloc(1, sizeof *plan);
     if (!plan) {
         planner_free(&p);
@@ -389,15 +394,15 @@ int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
     plan->n_kernels = p.n;
     plan->n_tensors = trace->n_tensors;
     plan->capacity_bytes = p.capacity;
-    plan->n_migrations = p.n_migrations;
-    plan->migrations = p.migrations;
+    plan->n_migrations = p.migrations.n;
+    plan->migrations = p.migrations.m;
     plan->planned_memory_bytes = p.planned;
     plan->planned_peak_bytes = max_of(p.planned, p.n);
     plan->peak_host_bytes = max_of(p.host, p.n);
     plan->bytes_to_ssd = p.bytes_to_ssd;
     plan->bytes_to_host = p.bytes_to_host;
     plan->fits = plan->planned_peak_bytes <= plan->capacity_bytes;
-    p.migrations = NULL;
+    p.migrations.m = NULL;
     p.planned = NULL;
     planner_free(&p);
     plan->plan_seconds = (double)(tio_now_ns() - t0) / 1e9;

@@ -449,8 +449,7 @@ typedef struct {
     maxtree host;
     heap_item *heap;
     uint32_t heap_n;
-    tio_migration *migrations;
-    uint32_t n_migrations, cap_migrations;
+    tio_migration_list migrations;
     uint64_t bytes_to_ssd, bytes_to_host;
 } fast;
 
@@ -541,31 +540,11 @@ static placement place(const fast *f, const tio_inactive_period *per, uint64_t *
     return host.ok && h > s ? host : ssd;
 }
 
-static int emit(fast *f, uint32_t tensor, tio_migration_kind kind, uint64_t trigger,
-                uint64_t deadline, tio_tier tier, uint64_t bytes)
-{
-    int rc = tio_grow((void **)&f->migrations, &f->cap_migrations, f->n_migrations + 1,
-                      sizeof *f->migrations);
-    if (rc)
-        return rc;
-    f->migrations[f->n_migrations++] = (tio_migration){
-        .tensor = tensor,
-        .kind = kind,
-        .trigger_kernel = (uint32_t)(trigger % f->n),
-        .deadline_kernel = (uint32_t)(deadline % f->n),
-        .tier = tier,
-        .bytes = bytes,
-    };
-    return 0;
-}
-
 static int apply(fast *f, const tio_inactive_period *per, const placement *pl)
 {
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
     bool ssd = pl->tier == TIO_TIER_SSD;
-    int rc = emit(f, per->tensor, TIO_MIGRATION_OFFLOAD, a + 1, pl->k_off, pl->tier, s);
-    if (!rc)
-        rc = emit(f, per->tensor, TIO_MIGRATION_PREFETCH, pl->k_pre, b, pl->tier, s);
+    int rc = tio_plan_emit_pair(&f->migrations, f->n, per, pl->k_off, pl->k_pre, pl->tier);
     if (rc)
         return rc;
     ch_book_offload(&f->ch[ssd ? CH_SSD_WRITE : CH_HOST_WRITE], a, s);
@@ -720,7 +699,7 @@ static void fast_free(fast *f)
     free(f->host.lazy);
     free(f->heap);
     free(f->applied);
-    free(f->migrations);
+    free(f->migrations.m);
 }
 
 static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
@@ -824,7 +803,7 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
     }
     free(extra_ns);
     if (!rc)
-        rc = tio_plan_sort_migrations(f.migrations, f.n_migrations);
+        rc = tio_plan_sort_migrations(f.migrations.m, f.migrations.n);
     tio_plan *plan = rc ? NULL : calloc(1, sizeof *plan);
     if (!plan) {
         if (have)
@@ -834,8 +813,8 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
     plan->n_kernels = f.n;
     plan->n_tensors = trace->n_tensors;
     plan->capacity_bytes = f.capacity;
-    plan->n_migrations = f.n_migrations;
-    plan->migrations = f.migrations;
+    plan->n_migrations = f.migrations.n;
+    plan->migrations = f.migrations.m;
     plan->planned_memory_bytes = f.planned;
     for (uint32_t k = 0; k < f.n; k++)
         if (f.planned[k] > plan->planned_peak_bytes)
@@ -844,7 +823,7 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
     plan->bytes_to_ssd = f.bytes_to_ssd;
     plan->bytes_to_host = f.bytes_to_host;
     plan->fits = plan->planned_peak_bytes <= plan->capacity_bytes;
-    f.migrations = NULL;
+    f.migrations.m = NULL;
     f.planned = NULL;
     fast_free(&f);
     plan->plan_seconds = (double)(tio_now_ns() - t0) / 1e9;
