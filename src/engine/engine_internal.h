@@ -224,6 +224,10 @@ int tio_uring_start(tio_engine *engine, char *why, size_t why_len);
 struct iovec;
 int tio_uring_update_slots(tio_engine *engine, uint32_t slot, const struct iovec *iov,
                            uint32_t n);
+/* engine.c: back the 2 MiB-aligned part of [addr, addr + bytes) with
+ * transparent huge pages where the kernel can (MADV_HUGEPAGE, then
+ * MADV_COLLAPSE for pages already present); best effort, no error. */
+void tio_request_huge_pages(void *addr, uint64_t bytes);
 /* engine.c: append "; "-separated text to the backend reason. */
 void tio_engine_append_reason(tio_engine *engine, const char *text);
 /* engine.c: the RLIMIT_MEMLOCK message for registering `bytes`. */
