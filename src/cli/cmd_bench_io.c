@@ -7,15 +7,21 @@
  * block size and queue depth), alternating which side goes first so that
  * drift of the disk or of other load on the machine hits both alike.  Both
  * sides bypass the page cache (the engine opens its backing files with
- * O_DIRECT; fio gets --direct=1).  The engine side drives the public API the
- * way an application would: buffers of BS bytes registered with
- * tio_engine_register_buffer, each request one BS-sized slice of one big
- * extent, a new request submitted as soon as one is reaped.  The engine's
- * ring depth is QD, the same depth fio gives the kernel; the bench keeps
- * 2 x QD requests submitted so that the engine's pending queue can refill
- * the ring from its completion thread without waiting for this thread.  With several
- * directories the engine stripes in BS units and fio gets one file per
- * directory (it spreads the I/O round robin over them).
+ * O_DIRECT; fio gets --direct=1) and both work on the same files: fio is
+ * pointed at the engine's backing files.  Two files would differ in where
+ * they lie on the disk and in what the layers below the file system (a
+ * virtual disk's host file, an SSD's mapping) hold for them; on a virtual
+ * disk that alone moved either side by 2x.  The engine side drives the
+ * public API the way an application would: buffers of BS bytes registered
+ * with tio_engine_register_buffer (one 2 MiB-aligned allocation, so that
+ * the engine can have it backed by huge pages), each request one BS-sized
+ * slice of one big extent, a new request submitted as soon as one is
+ * reaped.  The engine's ring depth is QD, the same depth fio gives the
+ * kernel; the bench keeps 2 x QD requests submitted so that the engine's
+ * pending queue can refill the ring from its completion thread without
+ * waiting for this thread.  With several directories the engine stripes in
+ * BS units and fio gets the engine's backing files, one per directory (it
+ * spreads the I/O round robin over them, SIZE / n each, as the stripes do).
  *
  * Reported per direction: the median bandwidth of each side, the median CPU
  * seconds per GiB (the engine: getrusage of this process over the phase,
@@ -54,10 +60,10 @@ static void usage(FILE *f)
             "                       [--runs N] [--json]\n"
             "\n"
             "Sequential write, then read, of SIZE bytes through the teraio engine and\n"
-            "through fio (ioengine=io_uring, direct=1, same block size and depth),\n"
-            "alternating the two; prints each side's median bandwidth and CPU seconds\n"
-            "per GiB and the ratios engine/fio.  Needs fio on PATH and 2 x SIZE of free\n"
-            "space in the directories.\n"
+            "through fio (ioengine=io_uring, direct=1, same block size and depth, on the\n"
+            "engine's own backing files), alternating the two; prints each side's median\n"
+            "bandwidth and CPU seconds per GiB and the ratios engine/fio.  Needs fio on\n"
+            "PATH and SIZE of free space in the directories.\n"
             "\n"
             "  --dir DIR    directory on the SSD to test (repeat for several SSDs);\n"
             "               default build/bench-io (created)\n"
@@ -213,7 +219,8 @@ static int engine_open(engine_side *s, const bench_args *a)
     void *p;
     s->n_bufs = 2 * a->qd;
     size_t total = (size_t)s->n_bufs * a->bs;
-    if (posix_memalign(&p, 4096, total) != 0)
+    size_t huge = 2u << 20;
+    if (posix_memalign(&p, huge, (total + huge - 1) / huge * huge) != 0)
         return cli_error(CMD, "out of memory for %u buffers of %llu bytes", s->n_bufs,
                          (unsigned long long)a->bs);
     s->bufs = p;
@@ -423,17 +430,17 @@ static void print_table(const bench_args *a, const engine_side *s, const summary
     }
 }
 
-/* fio's files (one per directory, ':'-separated) and scratch paths. */
-static int fio_paths(const bench_args *a, char *files, size_t files_len, char *json_path,
-                     char *log_path, size_t path_len)
+/* fio's files (the engine's backing files, ':'-separated) and scratch paths. */
+static int fio_paths(const bench_args *a, const engine_side *s, char *files, size_t files_len,
+                     char *json_path, char *log_path, size_t path_len)
 {
     size_t used = 0;
     files[0] = '\0';
     for (uint32_t i = 0; i < a->n_dirs; i++) {
-        if (strchr(a->dirs[i], ':'))
+        const char *file = tio_engine_backing_path(s->engine, i);
+        if (strchr(file, ':'))
             return cli_error(CMD, "directory '%s': fio cannot take a path with ':'", a->dirs[i]);
-        int n = snprintf(files + used, files_len - used, "%s%s/teraio-bench-fio.%ld.data",
-                         i ? ":" : "", a->dirs[i], (long)getpid());
+        int n = snprintf(files + used, files_len - used, "%s%s", i ? ":" : "", file);
         if (n < 0 || (size_t)n >= files_len - used)
             return cli_error(CMD, "directory paths too long");
         used += (size_t)n;
@@ -443,25 +450,15 @@ static int fio_paths(const bench_args *a, char *files, size_t files_len, char *j
     return 0;
 }
 
-static void remove_fio_files(const bench_args *a, const char *json_path, const char *log_path)
-{
-    char path[4200];
-    for (uint32_t i = 0; i < a->n_dirs; i++) {
-        snprintf(path, sizeof path, "%s/teraio-bench-fio.%ld.data", a->dirs[i], (long)getpid());
-        unlink(path);
-    }
-    unlink(json_path);
-    unlink(log_path);
-}
-
 static int run_bench(const bench_args *a)
 {
-    char files[MAX_DIRS * 4200], json_path[4200], log_path[4200];
-    int rc = fio_paths(a, files, sizeof files, json_path, log_path, sizeof json_path);
-    if (rc)
-        return rc;
+    static char files[MAX_DIRS * 4200];
+    char json_path[4200], log_path[4200];
     engine_side s = {0};
-    if ((rc = engine_open(&s, a)) != 0) {
+    int rc = engine_open(&s, a);
+    if (!rc)
+        rc = fio_paths(a, &s, files, sizeof files, json_path, log_path, sizeof json_path);
+    if (rc) {
         engine_close(&s);
         return rc;
     }
@@ -490,7 +487,8 @@ static int run_bench(const bench_args *a)
             print_table(a, &s, sum);
     }
     engine_close(&s);
-    remove_fio_files(a, json_path, log_path);
+    unlink(json_path);
+    unlink(log_path);
     return rc;
 }
 
