@@ -7,9 +7,10 @@
  * destroy).  Space is handed out as extents in one logical address space
  * that is striped across the directories in `stripe_bytes` units (logical
  * offset o lives in directory (o / stripe) % n_dirs at file offset
- * (o / (stripe * n_dirs)) * stripe + o % stripe).  Extents are 4 KiB-aligned; requests of any length (not only
- * multiples of 4 KiB) and any buffer alignment are accepted: unaligned parts
- * go through aligned bounce buffers.
+ * (o / (stripe * n_dirs)) * stripe + o % stripe).  Extents are 4 KiB-
+ * aligned; requests of any length (not only multiples of 4 KiB) and any
+ * buffer alignment are accepted: unaligned parts go through aligned bounce
+ * buffers.
  *
  * Backends, chosen by a probe that does a real aligned write and read in
  * each directory: io_uring with O_DIRECT; else a thread pool of
@@ -137,8 +138,14 @@ TIO_API bool tio_engine_fixed_files(const tio_engine *engine);
  * buffer lies inside it (4 KiB-aligned parts, which go to the disk without a
  * bounce buffer) use fixed-buffer I/O.  The memory must stay valid until
  * tio_engine_unregister_buffer or destroy.  Registration uses one slot per
- * started GiB of a region, TIO_ENGINE_MAX_REGISTERED slots in all.  With the psync backend or when fixed
- * buffers are off, the call records nothing and returns 0.
+ * started GiB of a region, TIO_ENGINE_MAX_REGISTERED slots in all.  With the
+ * psync backend or when fixed buffers are off, the call records nothing and
+ * returns 0.  The call also asks the kernel to back the region's 2 MiB-
+ * aligned part with huge pages (madvise MADV_HUGEPAGE, and a collapse of the
+ * pages already present; the bytes do not change): a fixed buffer of 4 KiB
+ * pages is one segment per page, which splits every 1 MiB request on disks
+ * that take fewer segments (docs/engine.md).  Allocate 2 MiB-aligned to get
+ * the whole region.
  * Returns 0; -EINVAL (bytes == 0, overlaps a registered region); -ENOSPC
  * (out of slots); -ENOMEM with a message naming RLIMIT_MEMLOCK and the
  * fix when the kernel refuses to pin that much; another -errno from
