@@ -80,7 +80,7 @@ def run_demo(*args, cwd=None):
     # a traceback from a view; --batch 0 trained on nothing ("losses nan").
     (["--layers", "0"], "--layers must be >= 1"),
     (["--batch", "0"], "--batch must be >= 1"),
-    (["--heads", "5"], "--dim (384) must be --heads (5) times an even head size"),
+    (["--dim", "384", "--heads", "5"], "--dim (384) must be --heads (5) times an even head size"),
     (["--iterations", "x"], "argument --iterations: invalid int value: 'x'"),
 ])
 def test_demo_bad_option_is_one_line(tmp_path, args, says):
