@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "common/util.h"
+
 int cmd_version(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
@@ -41,7 +43,6 @@ bool cli_parse_bytes(const char *s, uint64_t *out);
  * of cli_parse_bytes). */
 bool cli_parse_positive(const char *s, double *out);
 
-/* Format bytes as "1.50 GiB" into buf (>= 32 bytes); returns buf. */
-char *cli_format_bytes(uint64_t bytes, char *buf);
+/* Byte counts are printed with tio_format_bytes (common/util.h). */
 
 #endif

@@ -140,10 +140,10 @@ static void print_report(const analyze_options *o, const tio_trace *trace,
     printf("tensors           %u (%u global, %u intermediate), %u accesses\n", trace->n_tensors,
            globals, trace->n_tensors - globals, trace->n_accesses);
     if (trace->n_kernels > 0)
-        printf("peak memory M     %s at kernel %u (%s)\n", cli_format_bytes(lt->peak_bytes, b1),
+        printf("peak memory M     %s at kernel %u (%s)\n", tio_format_bytes(lt->peak_bytes, b1),
                lt->peak_kernel, trace->kernels[lt->peak_kernel].name);
     printf("max active        %s (floor on capacity)\n",
-           cli_format_bytes(lt->max_active_bytes, b2));
+           tio_format_bytes(lt->max_active_bytes, b2));
     printf("active share      mean %.2f%%, max %.2f%% of peak\n", 100 * st->mean_active_share,
            100 * st->max_active_share);
     printf("tensor sizes     ");

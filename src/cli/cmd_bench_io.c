@@ -414,8 +414,8 @@ static void print_table(const bench_args *a, const engine_side *s, const summary
     printf("bench io: %u dir(s)", a->n_dirs);
     for (uint32_t i = 0; i < a->n_dirs; i++)
         printf("%s%s", i ? ", " : " (", a->dirs[i]);
-    printf("), %s per run, bs %s, qd %u, %u runs (medians)\n", cli_format_bytes(a->size, size),
-           cli_format_bytes(a->bs, bs), a->qd, a->runs);
+    printf("), %s per run, bs %s, qd %u, %u runs (medians)\n", tio_format_bytes(a->size, size),
+           tio_format_bytes(a->bs, bs), a->qd, a->runs);
     const char *reason = tio_engine_backend_reason(s->engine);
     printf("engine backend: %s, fixed buffers %s, fixed files %s%s%s\n",
            tio_backend_name(tio_engine_backend(s->engine)), s->registered ? "on" : "off",

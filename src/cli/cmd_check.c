@@ -47,8 +47,8 @@ int cmd_check(int argc, char **argv)
         printf("  kernels %u, tensors %u, migrations %u\n", trace->n_kernels, trace->n_tensors,
                plan->n_migrations);
         printf("  peak without offloading %s, planned peak %s, capacity %s: %s\n",
-               cli_format_bytes(lt->peak_bytes, a), cli_format_bytes(plan->planned_peak_bytes, b),
-               cli_format_bytes(plan->capacity_bytes, c), plan->fits ? "fits" : "does NOT fit");
+               tio_format_bytes(lt->peak_bytes, a), tio_format_bytes(plan->planned_peak_bytes, b),
+               tio_format_bytes(plan->capacity_bytes, c), plan->fits ? "fits" : "does NOT fit");
         status = 0;
     }
     tio_plan_destroy(plan);

@@ -158,10 +158,10 @@ static void print_report_row(const char *name, const tio_sim_report *r)
     char pk[32], sw[32], sr[32], hw[32], hr[32];
     printf("%-14s %9.3f %7.3f %8.3f %11s %11s %11s %11s %11s %8.3f\n", name,
            r->iteration_ns / 1e9, r->fraction_of_ideal, r->stall_ns / 1e9,
-           cli_format_bytes(r->peak_bytes, pk), cli_format_bytes(r->bytes[TIO_CH_SSD_WRITE], sw),
-           cli_format_bytes(r->bytes[TIO_CH_SSD_READ], sr),
-           cli_format_bytes(r->bytes[TIO_CH_HOST_WRITE], hw),
-           cli_format_bytes(r->bytes[TIO_CH_HOST_READ], hr), r->plan_seconds);
+           tio_format_bytes(r->peak_bytes, pk), tio_format_bytes(r->bytes[TIO_CH_SSD_WRITE], sw),
+           tio_format_bytes(r->bytes[TIO_CH_SSD_READ], sr),
+           tio_format_bytes(r->bytes[TIO_CH_HOST_WRITE], hw),
+           tio_format_bytes(r->bytes[TIO_CH_HOST_READ], hr), r->plan_seconds);
 }
 
 static void print_header(void)
@@ -504,11 +504,11 @@ static void print_paper_table(const paper_config *cfg, int n)
             printf("%-11s %5d %5d %6.0f %6.0f  %-13s %6.3f %7.2f %10s %10s %10s %10s %10s %8.3f\n",
                    s ? "" : c->model, c->batch, c->seq, c->paper_m_pct, c->traced_m_pct,
                    tio_sim_strategy_name((tio_sim_strategy)s), r->fraction_of_ideal,
-                   speedup_zi(c, s), cli_format_bytes(r->peak_bytes, pk),
-                   cli_format_bytes(r->bytes[TIO_CH_SSD_WRITE], sw),
-                   cli_format_bytes(r->bytes[TIO_CH_SSD_READ], sr),
-                   cli_format_bytes(r->bytes[TIO_CH_HOST_WRITE], hw),
-                   cli_format_bytes(r->bytes[TIO_CH_HOST_READ], hr), r->plan_seconds);
+                   speedup_zi(c, s), tio_format_bytes(r->peak_bytes, pk),
+                   tio_format_bytes(r->bytes[TIO_CH_SSD_WRITE], sw),
+                   tio_format_bytes(r->bytes[TIO_CH_SSD_READ], sr),
+                   tio_format_bytes(r->bytes[TIO_CH_HOST_WRITE], hw),
+                   tio_format_bytes(r->bytes[TIO_CH_HOST_READ], hr), r->plan_seconds);
         }
     }
     printf("\naverage over %d configurations\n%-13s %8s %8s\n", n, "strategy", "ideal", "vs ZI");

@@ -137,16 +137,16 @@ static void print_summary(const plan_args *a, const tio_trace *trace, const tio_
         offloads += plan->migrations[i].kind == TIO_MIGRATION_OFFLOAD;
     printf("trace           %s (%u kernels, %u tensors, %u inactive periods)\n", a->trace_path,
            trace->n_kernels, trace->n_tensors, lt->n_periods);
-    printf("peak before     %s (kernel %u)\n", cli_format_bytes(lt->peak_bytes, b1),
+    printf("peak before     %s (kernel %u)\n", tio_format_bytes(lt->peak_bytes, b1),
            lt->peak_kernel);
-    printf("capacity        %s\n", cli_format_bytes(plan->capacity_bytes, b1));
-    printf("planned peak    %s\n", cli_format_bytes(plan->planned_peak_bytes, b1));
+    printf("capacity        %s\n", tio_format_bytes(plan->capacity_bytes, b1));
+    printf("planned peak    %s\n", tio_format_bytes(plan->planned_peak_bytes, b1));
     printf("migrations      %u (%u offload%s, %u prefetch%s)\n", plan->n_migrations, offloads,
            offloads == 1 ? "" : "s", plan->n_migrations - offloads,
            plan->n_migrations - offloads == 1 ? "" : "es");
-    printf("per iteration   %s to ssd, %s to host\n", cli_format_bytes(plan->bytes_to_ssd, b1),
-           cli_format_bytes(plan->bytes_to_host, b2));
-    printf("peak host       %s\n", cli_format_bytes(plan->peak_host_bytes, b1));
+    printf("per iteration   %s to ssd, %s to host\n", tio_format_bytes(plan->bytes_to_ssd, b1),
+           tio_format_bytes(plan->bytes_to_host, b2));
+    printf("peak host       %s\n", tio_format_bytes(plan->peak_host_bytes, b1));
     printf("planning time   %.3f s\n", plan->plan_seconds);
     printf("fits            %s\n", plan->fits ? "yes" : "no");
     printf("plan written    %s\n", a->out_path);
@@ -174,8 +174,8 @@ int cmd_plan(int argc, char **argv)
             char peak[32], cap[32];
             status = cli_error(CMD, "warning: plan written to %s does not fit: planned peak %s "
                                "is above the capacity %s (not enough idle time or bandwidth)",
-                               a.out_path, cli_format_bytes(plan->planned_peak_bytes, peak),
-                               cli_format_bytes(plan->capacity_bytes, cap));
+                               a.out_path, tio_format_bytes(plan->planned_peak_bytes, peak),
+                               tio_format_bytes(plan->capacity_bytes, cap));
         }
     }
     tio_plan_destroy(plan);

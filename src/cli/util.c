@@ -119,19 +119,3 @@ bool cli_parse_positive(const char *s, double *out)
     *out = v;
     return true;
 }
-
-char *cli_format_bytes(uint64_t bytes, char *buf)
-{
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
-    else
-        snprintf(buf, 32, "%.2f %s", v, units[u]);
-    return buf;
-}

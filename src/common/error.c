@@ -282,6 +282,22 @@ int tio_read_file(const char *path, char **text, size_t *len)
     return 0;
 }
 
+char *tio_format_bytes(uint64_t bytes, char *buf)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, 32, "%.2f %s", v, units[u]);
+    return buf;
+}
+
 uint64_t tio_now_ns(void)
 {
     struct timespec ts;

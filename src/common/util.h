@@ -45,6 +45,11 @@ void tio_atomic_abort(tio_atomic_file *af);
  * Returns 0 or -errno (message names the file). */
 int tio_read_file(const char *path, char **text, size_t *len);
 
+/* Format a byte count for people: "812 B", "1.50 MiB" (powers of 1024, two
+ * decimals).  `buf` holds at least 32 bytes; returns buf.  Used by the
+ * library's messages and by the CLI, so both read the same. */
+char *tio_format_bytes(uint64_t bytes, char *buf);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t tio_now_ns(void);
 

@@ -75,22 +75,6 @@ void tio_plan_options_default(tio_plan_options *opt)
     opt->ssd_write_gbps = 1.5;
 }
 
-char *tio_plan_format_bytes(uint64_t bytes, char *buf)
-{
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, 32, "%llu B", (unsigned long long)bytes);
-    else
-        snprintf(buf, 32, "%.2f %s", v, units[u]);
-    return buf;
-}
-
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Forward walk over kernels a+1 .. b-1: *k_off = one past the kernel where
@@ -317,8 +301,8 @@ int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
             k++;
         char cap[32], need[32];
         return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s",
-                        tio_plan_format_bytes(opt->capacity_bytes, cap), k,
-                        trace->kernels[k].name, tio_plan_format_bytes(lt->max_active_bytes, need));
+                        tio_format_bytes(opt->capacity_bytes, cap), k,
+                        trace->kernels[k].name, tio_format_bytes(lt->max_active_bytes, need));
     }
     return 0;
 }
