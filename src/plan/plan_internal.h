@@ -36,4 +36,14 @@ int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
                        const tio_inactive_period *per, uint64_t k_off, uint64_t k_pre,
                        tio_tier tier);
 
+/* Finish a planner's work: sort the migrations, move them and M'
+ * (`*planned`, [n_kernels]) into a new tio_plan with its peak, totals and
+ * the planning time since `t0_ns`.  On success the list and *planned are
+ * emptied (the plan owns them); on failure (-ENOMEM, or the sort's error)
+ * nothing moves.  Shared by both planners. */
+int tio_plan_assemble(tio_migration_list *list, uint64_t **planned, uint32_t n_kernels,
+                      uint32_t n_tensors, uint64_t capacity_bytes, uint64_t peak_host_bytes,
+                      uint64_t bytes_to_ssd, uint64_t bytes_to_host, uint64_t t0_ns,
+                      tio_plan **out);
+
 #endif

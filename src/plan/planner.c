@@ -369,27 +369,37 @@ int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
         return rc;
     rc = plan_rounds(&p);
     if (!rc)
-        rc = tio_plan_sort_migrations(p.migrations.m, p.migrations.n);
-    tio_plan *plan = rc ? NULL : calloc(1, sizeof *plan);
-    if (!plan) {
-        planner_free(&p);
-        return rc ? rc : tio_fail(-ENOMEM, "out of memory for the plan");
-    }
-    plan->n_kernels = p.n;
-    plan->n_tensors = trace->n_tensors;
-    plan->capacity_bytes = p.capacity;
-    plan->n_migrations = p.migrations.n;
-    plan->migrations = p.migrations.m;
-    plan->planned_memory_bytes = p.planned;
-    plan->planned_peak_bytes = max_of(p.planned, p.n);
-    plan->peak_host_bytes = max_of(p.host, p.n);
-    plan->bytes_to_ssd = p.bytes_to_ssd;
-    plan->bytes_to_host = p.bytes_to_host;
-    plan->fits = plan->planned_peak_bytes <= plan->capacity_bytes;
-    p.migrations.m = NULL;
-    p.planned = NULL;
+        rc = tio_plan_assemble(&p.migrations, &p.planned, p.n, trace->n_tensors, p.capacity,
+                               max_of(p.host, p.n), p.bytes_to_ssd, p.bytes_to_host, t0, out);
     planner_free(&p);
-    plan->plan_seconds = (double)(tio_now_ns() - t0) / 1e9;
+    return rc;
+}
+
+int tio_plan_assemble(tio_migration_list *list, uint64_t **planned, uint32_t n_kernels,
+                      uint32_t n_tensors, uint64_t capacity_bytes, uint64_t peak_host_bytes,
+                      uint64_t bytes_to_ssd, uint64_t bytes_to_host, uint64_t t0_ns,
+                      tio_plan **out)
+{
+    int rc = tio_plan_sort_migrations(list->m, list->n);
+    if (rc)
+        return rc;
+    tio_plan *plan = calloc(1, sizeof *plan);
+    if (!plan)
+        return tio_fail(-ENOMEM, "out of memory for the plan");
+    plan->n_kernels = n_kernels;
+    plan->n_tensors = n_tensors;
+    plan->capacity_bytes = capacity_bytes;
+    plan->n_migrations = list->n;
+    plan->migrations = list->m;
+    plan->planned_memory_bytes = *planned;
+    plan->planned_peak_bytes = max_of(*planned, n_kernels);
+    plan->peak_host_bytes = peak_host_bytes;
+    plan->bytes_to_ssd = bytes_to_ssd;
+    plan->bytes_to_host = bytes_to_host;
+    plan->fits = plan->planned_peak_bytes <= capacity_bytes;
+    plan->plan_seconds = (double)(tio_now_ns() - t0_ns) / 1e9;
+    *list = (tio_migration_list){0};
+    *planned = NULL;
     *out = plan;
     return 0;
 }

@@ -802,31 +802,14 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
             break;
     }
     free(extra_ns);
-    if (!rc)
-        rc = tio_plan_sort_migrations(f.migrations.m, f.migrations.n);
-    tio_plan *plan = rc ? NULL : calloc(1, sizeof *plan);
-    if (!plan) {
+    if (rc) {
         if (have)
             fast_free(&f);
-        return rc ? rc : tio_fail(-ENOMEM, "out of memory for the plan");
+        return rc;
     }
-    plan->n_kernels = f.n;
-    plan->n_tensors = trace->n_tensors;
-    plan->capacity_bytes = f.capacity;
-    plan->n_migrations = f.migrations.n;
-    plan->migrations = f.migrations.m;
-    plan->planned_memory_bytes = f.planned;
-    for (uint32_t k = 0; k < f.n; k++)
-        if (f.planned[k] > plan->planned_peak_bytes)
-            plan->planned_peak_bytes = f.planned[k];
-    plan->peak_host_bytes = mt_range_max(&f.host, 0, f.n);
-    plan->bytes_to_ssd = f.bytes_to_ssd;
-    plan->bytes_to_host = f.bytes_to_host;
-    plan->fits = plan->planned_peak_bytes <= plan->capacity_bytes;
-    f.migrations.m = NULL;
-    f.planned = NULL;
+    rc = tio_plan_assemble(&f.migrations, &f.planned, f.n, trace->n_tensors, f.capacity,
+                           mt_range_max(&f.host, 0, f.n), f.bytes_to_ssd, f.bytes_to_host, t0,
+                           out);
     fast_free(&f);
-    plan->plan_seconds = (double)(tio_now_ns() - t0) / 1e9;
-    *out = plan;
-    return 0;
+    return rc;
 }
