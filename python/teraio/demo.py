@@ -312,7 +312,7 @@ def parent(args) -> int:
     say(f"teraio demo: {a['n_params'] / 1e6:.1f}M-parameter Llama-style model, {n} iterations on "
         f"{a['corpus_bytes'] / 1e6:.1f} MB of Python stdlib source")
     say(f"  peak memory without offloading  {mib(a['peak_bytes'])}")
-    say(f"  capacity (x{args.capacity_fraction:g})           {mib(capacity)}")
+    say(f"  {'capacity (x' + format(args.capacity_fraction, 'g') + ')':<32}{mib(capacity)}")
     say(f"  peak resident with offloading   {mib(s['peak_resident_bytes'])}"
         f" (planned {mib(b['plan']['planned_peak_bytes'])})")
     say(f"  process peak RSS                {mib(a['rss_peak_bytes'])} -> {mib(b['rss_peak_bytes'])}")
