@@ -193,8 +193,9 @@ TIO_API int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int
  * never more threads than texts).  Text i is texts[i][0..lens[i]).  Ids of
  * text i are written to ids[offsets[i] .. offsets[i+1]) (offsets has
  * n_texts + 1 entries, offsets[0] = 0), packed in order.  cap >= sum of
- * lens always suffices.  Texts are handed to threads dynamically, so one
- * long text does not hold up the rest.  Returns 0 or the first error
+ * lens always suffices.  Texts are handed to threads dynamically, longest
+ * first, so one long text does not hold up the rest and the threads finish
+ * together.  Returns 0 or the first error
  * (by text index) of the codes of tio_tok_encode, or -EAGAIN when a thread
  * cannot be started.  Thread-safe. */
 TIO_API int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const size_t *lens,

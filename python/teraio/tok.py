@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from array import array
 from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint, c_void_p
 from typing import Iterable, Sequence
 
@@ -22,6 +23,8 @@ from teraio._lib import check, lib
 SPECIAL_TEXT = 0    #: special-token strings are ordinary text (tiktoken encode_ordinary)
 SPECIAL_ALLOW = 1   #: recognised as their ids (tiktoken allowed_special="all")
 SPECIAL_REJECT = 2  #: raise if one occurs (tiktoken's default encode)
+
+_KEEP_IDS = 16 << 20  # a thread keeps an output buffer of up to 64 MiB of ids
 
 
 class _Special(ctypes.Structure):
@@ -130,7 +133,8 @@ class Tokenizer:
     def _buffer(self, cap: int):
         """This thread's output buffer of at least cap ids (reused: encode is
         called once per document, and allocating per call costs more than
-        the tokenization of a short document)."""
+        the tokenization of a short document).  The ids are copied out of it
+        before a call returns, so reuse never aliases results."""
         local = self._local
         buf = getattr(local, "buf", None)
         if buf is None or len(buf) < cap:
@@ -148,19 +152,42 @@ class Tokenizer:
         check(_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
         return view[:n.value].tolist()
 
-    def encode_batch(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
-                     threads: int = 0) -> list[list[int]]:
-        """Ids of each text, encoded on ``threads`` threads (0: one per CPU)."""
+    def _encode_batch(self, texts: Sequence[str | bytes], special: int, threads: int):
         data = [_as_bytes(t) for t in texts]
         n = len(data)
         ptrs = (c_char_p * max(1, n))(*data)
         lens = (c_size_t * max(1, n))(*[len(d) for d in data])
         cap = max(1, sum(len(d) for d in data))
-        out = (c_uint32 * cap)()
+        # The reused buffer's pages are already mapped: a fresh one would be
+        # faulted in by the encoding threads, which serialise on the kernel.
+        if cap <= _KEEP_IDS:
+            out, view = self._buffer(cap)
+        else:  # too big to keep around
+            out = (c_uint32 * cap)()
+            view = memoryview(out).cast("B").cast("I")
         offs = (c_size_t * (n + 1))()
         check(_encode_batch(self._h, ptrs, lens, n, special, threads, out, cap, offs))
-        view = memoryview(out).cast("B").cast("I")
-        return [view[offs[i]:offs[i + 1]].tolist() for i in range(n)]
+        return view, memoryview(offs).cast("B").cast("N")
+
+    def encode_batch(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
+                     threads: int = 0) -> list[list[int]]:
+        """Ids of each text, encoded on ``threads`` threads (0: one per CPU)."""
+        view, offs = self._encode_batch(texts, special, threads)
+        return [view[offs[i]:offs[i + 1]].tolist() for i in range(len(offs) - 1)]
+
+    def encode_batch_flat(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
+                          threads: int = 0) -> tuple[array, array]:
+        """The ids of all texts concatenated, and where each text's begin:
+        text i's ids are ``ids[offsets[i]:offsets[i + 1]]`` (``offsets`` has
+        len(texts) + 1 entries).  Both are ``array.array`` (typecodes 'I' and
+        'Q'), which ``numpy.frombuffer`` / ``torch.frombuffer`` take without a
+        copy.  No Python int per id is made, so this is the form for bulk
+        tokenization: the ids of a few MB as lists cost more time than
+        encoding them on two threads."""
+        view, offs = self._encode_batch(texts, special, threads)
+        ids = array("I")
+        ids.frombytes(view[:offs[len(offs) - 1]].cast("B"))
+        return ids, array("Q", offs)
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         ids = list(ids)

@@ -3,10 +3,12 @@
  *
  * The hot path, per piece the split regex yields:
  *   1. one byte: its byte token;
- *   2. the whole piece is a token (one hash lookup; most pieces of real text
+ *   2. pieces of up to TIO_TOK_CACHE_PIECE_BYTES: the per-thread cache of
+ *      recent pieces (direct-mapped, so it is bounded and never evicts by
+ *      scanning; whole-token pieces included, so frequent pieces are found
+ *      in the core's own cache, not the shared token table): the cached ids;
+ *   3. the whole piece is a token (one hash lookup; most pieces of real text
  *      are): that token;
- *   3. the per-thread cache of recent short pieces (direct-mapped, so it is
- *      bounded and never evicts by scanning): the cached ids;
  *   4. BPE merge.  Pieces of up to SMALL_PIECE bytes: arrays of (token, rank
  *      of the pair it starts) and a scan for the lowest rank, as tiktoken
  *      does; no rescans of bytes, each rank is a pair-table lookup by ids.
@@ -348,11 +350,13 @@ static int encode_piece(encoder *e, const uint8_t *p, size_t n)
     if (n == 1)
         return emit(e, tok->byte_id[p[0]]);
     uint64_t h = tok_hash(p, n);
-    uint32_t id = tok_piece_lookup(tok, p, n, h);
-    if (id != TOK_NONE)
-        return emit(e, id);
-    if (n > TIO_TOK_CACHE_PIECE_BYTES)
-        return emit_merged(e, p, n);
+    if (n > TIO_TOK_CACHE_PIECE_BYTES) {
+        uint32_t id = tok_piece_lookup(tok, p, n, h);
+        return id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
+    }
+    /* Short pieces look in this thread's cache first: it holds the recent
+     * ones, whole tokens included, in a quarter of a megabyte that stays in
+     * the core's own cache, while the token table is shared and larger. */
     cache_slot *slot = &e->ctx->cache[(h >> 20) & (TIO_TOK_CACHE_ENTRIES - 1)];
     if (slot->len == n && !memcmp(slot->bytes, p, n)) {
         if (e->n + slot->n_ids > e->cap)
@@ -362,7 +366,8 @@ static int encode_piece(encoder *e, const uint8_t *p, size_t n)
         return 0;
     }
     size_t start = e->n;
-    int rc = emit_merged(e, p, n);
+    uint32_t id = tok_piece_lookup(tok, p, n, h);
+    int rc = id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
     size_t m = e->n - start;
     if (rc == 0 && m <= CACHE_IDS) {
         slot->len = (uint32_t)n;
@@ -596,16 +601,32 @@ typedef struct {
     size_t *starts; /* where text i's ids begin before packing */
     size_t *counts;
     int *rcs;
-    size_t next; /* atomic: next text to take */
+    size_t *order; /* texts longest first */
+    size_t next;   /* atomic: next entry of order to take */
 } batch;
+
+typedef struct {
+    size_t len, index;
+} text_ref;
+
+/* Longest first (LPT): the last texts handed out are the short ones, so the
+ * threads finish together.  Ties by index, so the order is deterministic. */
+static int by_len_desc(const void *a, const void *b)
+{
+    const text_ref *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len > y->len ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
 
 static void *batch_worker(void *arg)
 {
     batch *b = arg;
     for (;;) {
-        size_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
-        if (i >= b->n_texts)
+        size_t k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (k >= b->n_texts)
             break;
+        size_t i = b->order[k];
         b->rcs[i] = tio_tok_encode(b->tok, b->texts[i], b->lens[i], b->special,
                                    b->ids + b->starts[i], b->lens[i], &b->counts[i]);
     }
@@ -627,23 +648,35 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
     if (total > cap)
         return tio_fail(-ENOSPC, "batch of %zu bytes needs room for %zu ids, the output holds %zu",
                         total, total, cap);
-    batch b = {tok, texts, lens, n_texts, special, ids, NULL, NULL, NULL, 0};
+    batch b = {tok, texts, lens, n_texts, special, ids, NULL, NULL, NULL, NULL, 0};
     b.starts = malloc((n_texts + 1) * sizeof *b.starts);
     b.counts = calloc(n_texts + 1, sizeof *b.counts);
     b.rcs = calloc(n_texts + 1, sizeof *b.rcs);
+    b.order = malloc((n_texts + 1) * sizeof *b.order);
     int rc = 0;
-    if (!b.starts || !b.counts || !b.rcs) {
+    if (!b.starts || !b.counts || !b.rcs || !b.order) {
         rc = tio_fail(-ENOMEM, "out of memory for a batch of %zu texts", n_texts);
         goto out;
     }
-    for (size_t i = 0, at = 0; i < n_texts; at += lens[i], i++)
+    for (size_t i = 0, at = 0; i < n_texts; at += lens[i], i++) {
         b.starts[i] = at;
+        b.order[i] = i;
+    }
     if (n_threads == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = cpus > 0 ? (unsigned)cpus : 1;
     }
     if (n_threads > n_texts)
         n_threads = n_texts ? (unsigned)n_texts : 1;
+    text_ref *refs = n_threads > 1 ? malloc(n_texts * sizeof *refs) : NULL;
+    if (refs) {
+        for (size_t i = 0; i < n_texts; i++)
+            refs[i] = (text_ref){lens[i], i};
+        qsort(refs, n_texts, sizeof *refs, by_len_desc);
+        for (size_t i = 0; i < n_texts; i++)
+            b.order[i] = refs[i].index;
+        free(refs);
+    } /* without memory for the sort: index order, still correct */
     pthread_t *th = calloc(n_threads, sizeof *th);
     if (!th) {
         rc = tio_fail(-ENOMEM, "out of memory for %u threads", n_threads);
@@ -672,6 +705,7 @@ out:
     free(b.starts);
     free(b.counts);
     free(b.rcs);
+    free(b.order);
     return rc;
 }
 

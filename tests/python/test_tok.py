@@ -293,6 +293,15 @@ def test_batch_matches_single():
     want = [tok.encode(d) for d in docs]
     for threads in (1, 2, 3):
         assert tok.encode_batch(docs, threads=threads) == want
+    # The flat form: the same ids, concatenated, with offsets per text.
+    docs = docs + ["", "x"]
+    want += [[], tok.encode("x")]
+    ids, offsets = tok.encode_batch_flat(docs, threads=2)
+    assert ids.typecode == "I" and offsets.typecode == "Q"
+    assert len(offsets) == len(docs) + 1 and offsets[0] == 0
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
+    ids, offsets = tok.encode_batch_flat([], threads=2)
+    assert len(ids) == 0 and offsets.tolist() == [0]
 
 
 def test_errors(tmp_path):
