@@ -570,11 +570,19 @@ struct tio_loader {
     pthread_cond_t cond;
     tio_gen_sample *slots;
     uint32_t n_slots, head, count;
-    /* fill threads: slots [head, head + n_claimed) are being or have been
-     * filled; filled[i] says slot i's tokens are in */
+    /* Filling (reading a queued sample's tokens) is shared: slots [head,
+     * head + n_claimed) are being or have been filled; filled[i] says slot
+     * i's tokens are in.  The producer plans samples (spans only) and fills
+     * queued ones while two or more wait or the queue is full; the
+     * consumer, while the sample it wants is not ready, fills the next
+     * unclaimed one; fill threads, when there are any, take the rest.  So on two cores the consumer's idle time goes
+     * into reading tokens instead of waiting.  Each filler has its own
+     * reader (consumer_reader for the consumer). */
+    bool shared_fill;
     pthread_t *fillers;
     uint32_t n_fillers, n_claimed, fillers_waiting;
     bool *filled;
+    tio_data_reader *consumer_reader;
     int error;
     char error_msg[1024];
     snapshot *snaps;
@@ -615,6 +623,35 @@ static void loader_error(tio_loader *ld, int rc)
     pthread_cond_broadcast(&ld->cond);
 }
 
+/* Under ld->lock: claim the next slot that nobody fills yet; false when
+ * every queued slot is claimed. */
+static bool claim(tio_loader *ld, uint32_t *slot)
+{
+    if (!ld->shared_fill || ld->n_claimed >= ld->count)
+        return false;
+    *slot = (ld->head + ld->n_claimed) % ld->n_slots;
+    __atomic_store_n(&ld->n_claimed, ld->n_claimed + 1, __ATOMIC_RELAXED);
+    return true;
+}
+
+/* Under ld->lock, which it drops while reading: fill the claimed slot
+ * through reader r and mark it filled.  Returns the error, also left in
+ * ld->error. */
+static int fill_claimed(tio_loader *ld, tio_data_reader *r, uint32_t slot)
+{
+    pthread_mutex_unlock(&ld->lock);
+    int rc = sample_fill(r, ld->ds, &ld->opts, &ld->slots[slot]);
+    pthread_mutex_lock(&ld->lock);
+    if (rc) {
+        loader_error(ld, rc);
+        return rc;
+    }
+    __atomic_store_n(&ld->filled[slot], true, __ATOMIC_RELEASE);
+    if (ld->consumer_waiting)
+        pthread_cond_broadcast(&ld->cond);
+    return 0;
+}
+
 /* A fill thread: read the tokens of the oldest planned sample, in its own
  * reader, while the producer plans the next ones. */
 static void *filler(void *arg)
@@ -644,17 +681,9 @@ static void *filler(void *arg)
         ld->fillers_waiting--;
         if (ld->stop || ld->error)
             break;
-        uint32_t i = (ld->head + ld->n_claimed++) % ld->n_slots;
-        pthread_mutex_unlock(&ld->lock);
-        rc = sample_fill(r, ld->ds, &ld->opts, &ld->slots[i]);
-        pthread_mutex_lock(&ld->lock);
-        if (rc) {
-            loader_error(ld, rc);
+        uint32_t i;
+        if (claim(ld, &i) && (rc = fill_claimed(ld, r, i)) != 0)
             break;
-        }
-        __atomic_store_n(&ld->filled[i], true, __ATOMIC_RELEASE);
-        if (ld->consumer_waiting)
-            pthread_cond_broadcast(&ld->cond);
     }
     pthread_mutex_unlock(&ld->lock);
     tio_data_reader_destroy(r);
@@ -665,6 +694,16 @@ static void *producer(void *arg)
 {
     tio_loader *ld = arg;
     tio_gen_sample local = {0};
+    tio_data_reader *r = NULL;
+    if (ld->shared_fill && !ld->n_fillers) {
+        int rc = tio_data_reader_create(ld->ds, &r);
+        if (rc) {
+            pthread_mutex_lock(&ld->lock);
+            loader_error(ld, rc);
+            pthread_mutex_unlock(&ld->lock);
+            return NULL;
+        }
+    }
     for (;;) {
         pthread_mutex_lock(&ld->gen_lock);
         pthread_mutex_lock(&ld->lock);
@@ -705,17 +744,29 @@ static void *producer(void *arg)
         }
         ld->producer_holding = false;
         uint32_t tail = (ld->head + ld->count) % ld->n_slots;
-        if (ld->n_fillers) /* spans only: a fill thread reads the tokens into the slot */
+        if (ld->shared_fill) /* spans only: the slot's tokens are read by a filler */
             sample_swap_spans(&ld->slots[tail], &local);
         else
             sample_swap(&ld->slots[tail], &local);
-        __atomic_store_n(&ld->filled[tail], !ld->n_fillers, __ATOMIC_RELEASE);
+        __atomic_store_n(&ld->filled[tail], !ld->shared_fill, __ATOMIC_RELEASE);
         __atomic_store_n(&ld->count, ld->count + 1, __ATOMIC_RELEASE);
         if (ld->consumer_waiting || ld->fillers_waiting)
             pthread_cond_broadcast(&ld->cond);
+        /* Fill while two queued samples wait for it (the first is left to
+         * a consumer that comes for it meanwhile) or the queue is full
+         * (planning cannot go on). */
+        uint32_t slot;
+        bool failed = false;
+        while (r && !failed && ld->count > ld->n_claimed &&
+               (ld->count - ld->n_claimed >= 2 || ld->count == ld->n_slots) && !ld->stop &&
+               claim(ld, &slot))
+            failed = fill_claimed(ld, r, slot) != 0;
         pthread_mutex_unlock(&ld->lock);
+        if (failed)
+            break;
     }
     tio_gen_sample_free(&local);
+    tio_data_reader_destroy(r);
     return NULL;
 }
 
@@ -775,6 +826,7 @@ void tio_loader_destroy(tio_loader *ld)
     }
     free(ld->fillers);
     free(ld->filled);
+    tio_data_reader_destroy(ld->consumer_reader);
     tio_gen_free(&ld->gen);
     for (uint32_t i = 0; i < ld->n_slots; i++)
         tio_gen_sample_free(&ld->slots[i]);
@@ -864,14 +916,18 @@ int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
         ld->snap_every = opts->prefetch > SNAP_MIN ? opts->prefetch : SNAP_MIN;
         ld->slots = calloc(ld->n_slots, sizeof *ld->slots);
         ld->filled = calloc(ld->n_slots, sizeof *ld->filled);
-        uint32_t want = has_jsonl(ds) ? 0 : opts->fill_threads;
+        /* JSONL tokens exist only in the producer's reader, which
+         * tokenized them: the producer fills those samples itself */
+        ld->shared_fill = !has_jsonl(ds);
+        uint32_t want = ld->shared_fill ? opts->fill_threads : 0;
         ld->fillers = calloc(want ? want : 1, sizeof *ld->fillers);
-        if (!ld->slots || !ld->filled || !ld->fillers || (rc = add_snapshot(ld)) != 0) {
+        if (!ld->slots || !ld->filled || !ld->fillers || (rc = add_snapshot(ld)) != 0 ||
+            (ld->shared_fill && (rc = tio_data_reader_create(ds, &ld->consumer_reader)) != 0)) {
             tio_loader_destroy(ld);
             return rc ? rc : tio_fail(-ENOMEM, "out of memory");
         }
-        /* with fill threads the producer only plans samples (spans) */
-        ld->gen.skip_tokens = want > 0;
+        /* with shared filling the producer only plans samples (spans) */
+        ld->gen.skip_tokens = ld->shared_fill;
         ld->n_fillers = want;
         if ((rc = pthread_create(&ld->thread, NULL, producer, ld)) != 0) {
             ld->n_fillers = 0;
@@ -968,18 +1024,33 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
             return rc;
         }
     } else {
-        /* a sample is usually a few microseconds away: yield a while
-         * before sleeping on the condition variable */
-        for (int spin = 0; spin < SPIN_YIELDS &&
-             !__atomic_load_n(&ld->filled[__atomic_load_n(&ld->head, __ATOMIC_RELAXED)],
-                              __ATOMIC_ACQUIRE);
-             spin++)
-            sched_yield();
         pthread_mutex_lock(&ld->lock);
-        ld->consumer_waiting = true;
-        while (!(ld->count && ld->filled[ld->head]) && !ld->error)
+        int spin = 0;
+        uint32_t slot;
+        while (!(ld->count && ld->filled[ld->head]) && !ld->error) {
+            if (claim(ld, &slot)) { /* read a queued sample's tokens meanwhile */
+                fill_claimed(ld, ld->consumer_reader, slot);
+                continue;
+            }
+            if (spin < SPIN_YIELDS) {
+                /* a sample is usually a few microseconds away: yield a
+                 * while before sleeping on the condition variable */
+                pthread_mutex_unlock(&ld->lock);
+                for (; spin < SPIN_YIELDS &&
+                       !__atomic_load_n(&ld->filled[__atomic_load_n(&ld->head, __ATOMIC_RELAXED)],
+                                        __ATOMIC_ACQUIRE) &&
+                       !(ld->shared_fill && __atomic_load_n(&ld->n_claimed, __ATOMIC_RELAXED) <
+                                                __atomic_load_n(&ld->count, __ATOMIC_RELAXED));
+                     spin++)
+                    sched_yield();
+                spin++;
+                pthread_mutex_lock(&ld->lock);
+                continue;
+            }
+            ld->consumer_waiting = true;
             pthread_cond_wait(&ld->cond, &ld->lock);
-        ld->consumer_waiting = false;
+            ld->consumer_waiting = false;
+        }
         if (!(ld->count && ld->filled[ld->head])) {
             int rc = ld->error;
             tio_fail(rc, "%s", ld->error_msg);
@@ -988,8 +1059,8 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
         }
         sample_swap(&ld->cur, &ld->slots[ld->head]);
         __atomic_store_n(&ld->filled[ld->head], false, __ATOMIC_RELAXED);
-        if (ld->n_fillers)
-            ld->n_claimed--;
+        if (ld->shared_fill)
+            __atomic_store_n(&ld->n_claimed, ld->n_claimed - 1, __ATOMIC_RELAXED);
         __atomic_store_n(&ld->head, (ld->head + 1) % ld->n_slots, __ATOMIC_RELAXED);
         __atomic_store_n(&ld->count, ld->count - 1, __ATOMIC_RELEASE);
         drop_snapshots(ld);
