@@ -32,6 +32,21 @@
  *   gpu_matmul_tflops, gpu_vector_tflops, gpu_mem_gbps, matmul_efficiency,
  *   mem_efficiency, kernel_overhead_us   optional: the roofline constants
  *                        the paper tracer (python/teraio/paper.py) reads
+ *   host_overhead_us     optional, >= 0 (default 0): compute-stream time per
+ *                        kernel that the trace's kernel times leave out —
+ *                        the framework's and the offload adapter's dispatch
+ *                        on the host.  0 where the host runs ahead of the
+ *                        device (a GPU); > 0 when the device is the host CPU
+ *                        (the CPU demo, docs/eval.md)
+ *   migration_host_ns_per_byte  optional, >= 0 (default 0): compute-stream
+ *                        time per byte a plan migrates (offload or
+ *                        prefetch), charged at the kernel that issues it:
+ *                        the host work of moving bytes (re-allocating and
+ *                        faulting in memory, unmapping, submitting I/O) when
+ *                        it runs on the cores that compute.  0 on a GPU,
+ *                        whose copy engines and SSDs move the bytes
+ * The two host fields apply to plan replay (tio_sim_plan and the planning
+ * strategies); the ZeRO and LRU models ignore them.
  *
  * Thread-safety: every function here is reentrant; objects are not shared.
  */
@@ -56,6 +71,7 @@ typedef struct {
     double cpu_adam_params_per_s;
     double gpu_matmul_tflops, gpu_vector_tflops, gpu_mem_gbps;
     double matmul_efficiency, mem_efficiency, kernel_overhead_us;
+    double host_overhead_us, migration_host_ns_per_byte;
 } tio_hw;
 
 /* Parse a profile from memory (`len` bytes, need not be NUL-terminated);

@@ -1,6 +1,6 @@
 """`make demo`: a real model trains on real text with its tensors offloaded to SSD.
 
-Two runs of the same training job, each in its own process so that their
+Runs of the same training job, each in its own process so that their
 memory can be measured apart:
 
 * run A — no offloading.  Iteration 1 is profiled to get the memory curve
@@ -10,6 +10,11 @@ memory can be measured apart:
   of run A's peak, with the SSD bandwidth measured through the engine; the
   remaining iterations run under teraio.torch.OffloadRuntime, which moves
   tensors to files under build/demo/ssd (or --ssd DIR ...) and back.
+* run V — the simulator check (skipped with --validate-iterations 0): the
+  same job under an empty plan, a calibration plan and run B's plan in
+  turn; `teraio eval demo` fits this CPU's host costs to the first two and
+  compares the simulated iteration time of the third with the measured one
+  (docs/eval.md).
 
 The model is a Llama-style decoder (teraio.models.llama) trained with AdamW
 from a fixed random initialisation on byte-level tokens of the Python
@@ -222,6 +227,94 @@ def run_b(args) -> dict:
                      "plan_seconds": plan.plan_seconds}, "ssd_dirs": dirs}
 
 
+def run_v(args) -> dict:
+    """The simulator check (teraio eval demo): the same job, profiled, then
+    iterations under three plans in turn, each under a fresh OffloadRuntime:
+    E (empty plan: nothing moves), C (a calibration plan for a capacity of
+    --validate-capacity-fraction of the peak) and R (the plan of run B's
+    settings).  Taking the three in turn, iteration by iteration, lets the
+    slow and fast spells of a shared machine fall on all three alike.  E and
+    C calibrate the host costs of this CPU (dispatch per kernel, host work
+    per migrated byte); R's time is what the simulator must predict."""
+    import copy
+    from .core import Engine, Lifetime, Plan
+    from .torch import OffloadRuntime, Profiler
+    n = args.validate_iterations
+    vargs = copy.copy(args)
+    vargs.iterations = 2 + n
+    job = Job(vargs)
+    prof = Profiler(job.model, job.opt, name="llama-demo")
+    for i in range(2):
+        progress(f"simulator check: profiling iteration {i + 1}/2")
+        with prof.iteration():
+            loss = job.step(i)
+        del loss
+    trace = prof.save(os.path.join(args.out, "trace_v.tio"))
+    lt = Lifetime(trace)
+    dirs = args.ssd or [os.path.join(args.out, "ssd")]
+    engine = Engine(dirs, capacity_bytes=2 * lt.peak_bytes + (64 << 20))
+    progress("simulator check: measuring SSD bandwidth through the engine")
+    read_gbps, write_gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
+    cal_capacity = int(lt.peak_bytes * args.validate_capacity_fraction)
+
+    def plan_for(capacity: int) -> Plan:
+        return Plan.build(trace, lt, int(capacity * (1 - args.plan_headroom)),
+                          ssd_read_gbps=read_gbps * args.bandwidth_derate,
+                          ssd_write_gbps=write_gbps * args.bandwidth_derate, host_cap_bytes=0)
+
+    plans = {"E": plan_for(4 * lt.peak_bytes), "C": plan_for(cal_capacity), "R": plan_for(args.capacity_bytes)}
+    if plans["E"].n_migrations:
+        raise RuntimeError("simulator check: the plan for unlimited memory moves tensors")
+    plans["C"].save(os.path.join(args.out, "plan_v_cal.tio"))
+    plans["R"].save(os.path.join(args.out, "plan_v.tio"))
+    times = {k: [] for k in plans}
+    moved = {k: [] for k in plans}
+    for i in range(n):
+        phase = "ECR"[i % 3]
+        progress(f"simulator check: iteration {i + 1}/{n} (plan {phase})")
+        rt = OffloadRuntime(job.model, job.opt, trace, plans[phase], engine)
+        try:
+            t0 = time.perf_counter()
+            with rt.iteration():
+                loss = job.step(2 + i)
+            times[phase].append(time.perf_counter() - t0)
+            del loss
+            st = rt.stats()
+            moved[phase].append(st["bytes_offloaded"] + st["bytes_prefetched"])
+        finally:
+            rt.close()
+    mean = lambda xs: sum(xs) / len(xs)
+    return {"iterations_per_plan": n // 3, "capacity_cal_bytes": cal_capacity,
+            "capacity_bytes": args.capacity_bytes,
+            "iter_time_empty_s": mean(times["E"]), "iter_time_cal_s": mean(times["C"]),
+            "iter_time_offload_s": mean(times["R"]), "times": times,
+            "bytes_moved_cal": mean(moved["C"]), "bytes_moved_offload": mean(moved["R"]),
+            "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps}
+
+
+def teraio_bin() -> str | None:
+    """The teraio command: $TERAIO_BIN, the build tree's, or on PATH."""
+    import shutil
+    env = os.environ.get("TERAIO_BIN")
+    if env:
+        return env
+    built = Path(__file__).resolve().parents[2] / "build" / "bin" / "teraio"
+    return str(built) if built.exists() else shutil.which("teraio")
+
+
+def sim_check(summary_path: str) -> dict | None:
+    """`teraio eval demo SUMMARY --json`, or None where the command is
+    missing or fails (its message is shown)."""
+    exe = teraio_bin()
+    if not exe:
+        return None
+    r = subprocess.run([exe, "eval", "demo", summary_path, "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        say(f"  simulator check                 {r.stderr.strip()}")
+        return None
+    return json.loads(r.stdout)
+
+
 # ----------------------------------------------------------------- parent ---
 
 def child(role: str, args, extra: list[str]) -> dict:
@@ -266,6 +359,7 @@ def parent(args) -> int:
     a = child("A", args, [])
     capacity = int(a["peak_bytes"] * args.capacity_fraction)
     b = child("B", args, ["--capacity-bytes", str(capacity)])
+    v = child("V", args, ["--capacity-bytes", str(capacity)]) if args.validate_iterations else None
     progress("", final=False)
     n = min(len(a["losses"]), len(b["losses"]))
     identical = a["loss_bits"][:n] == b["loss_bits"][:n] and n == args.iterations
@@ -299,6 +393,9 @@ def parent(args) -> int:
         "plan_migrations": b["plan"]["migrations"], "plan_seconds": b["plan"]["plan_seconds"],
         "wall_time_s": time.time() - t0,
     }
+    if v:
+        summary.update({f"validation_{k}": x for k, x in v.items() if k != "times"})
+        summary["validation_times_s"] = v["times"]
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     from .svg import line_chart
@@ -323,6 +420,11 @@ def parent(args) -> int:
         f"(backend {b['backend']}, SSD {b['ssd_write_gbps']:.2f} GB/s write, {b['ssd_read_gbps']:.2f} GB/s read)")
     say(f"  losses identical                {identical} over {n} iterations "
         f"(first {a['losses'][0]:.4f}, last {a['losses'][-1]:.4f})")
+    check = sim_check(os.path.join(args.out, "summary.json")) if v else None
+    if check:
+        say(f"  simulator check                 simulated {check['simulated_s']:.3f} s, measured "
+            f"{check['measured_s']:.3f} s per offloaded iteration ({100 * check['sim_vs_measured_error']:.1f}% "
+            f"off; teraio eval demo)")
     say(f"  wrote {os.path.join(args.out, 'summary.json')} and {os.path.join(args.out, 'memory.svg')}")
     return 0 if identical else 1
 
@@ -338,6 +440,8 @@ def check_args(args) -> str | None:
     """What is wrong with the options, or None."""
     if args.iterations < 4:
         return "--iterations must be >= 4"
+    if args.validate_iterations < 0 or args.validate_iterations % 3:
+        return "--validate-iterations must be 0 or a positive multiple of 3"
     for name in ("dim", "layers", "heads", "ffn_dim", "seq_len", "batch"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
@@ -345,6 +449,7 @@ def check_args(args) -> str | None:
         return (f"--dim ({args.dim}) must be --heads ({args.heads}) times an even head size "
                 f"(rotary embeddings rotate pairs)")
     shares = (("capacity_fraction", 0, 1, False), ("bandwidth_derate", 0, 1, False),
+              ("validate_capacity_fraction", 0, 1, False),
               ("plan_headroom", 0, 1, True))
     for name, lo, hi, lo_ok in shares:
         v = getattr(args, name)
@@ -371,7 +476,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--child", choices=["A", "B"], help=argparse.SUPPRESS)
+    ap.add_argument("--validate-iterations", type=int, default=18,
+                    help="iterations of the simulator check, a third per plan (0: skip; default 18)")
+    ap.add_argument("--validate-capacity-fraction", type=float, default=0.75,
+                    help="capacity of the simulator check's calibration plan, as a share of the peak")
+    ap.add_argument("--child", choices=["A", "B", "V"], help=argparse.SUPPRESS)
     ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -383,7 +492,7 @@ def main(argv=None) -> int:
     setup_process()
     from ._lib import TeraioError
     try:
-        result = run_a(args) if args.child == "A" else run_b(args)
+        result = {"A": run_a, "B": run_b, "V": run_v}[args.child](args)
     except (TeraioError, OSError, ValueError, RuntimeError, MemoryError) as e:
         progress("")
         sys.stderr.write(f"teraio demo: {e}\n")

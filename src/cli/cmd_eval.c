@@ -5,9 +5,11 @@
  *       one trace: every strategy (or one) simulated on a profile; with
  *       --plan the given plan is replayed as well ("plan").
  *   teraio eval demo SUMMARY [--json]
- *       the CPU demo (make demo): its trace and plan replayed on a profile
- *       made of the measured disk bandwidth, against the measured iteration
- *       time with offloading (sim-vs-measured error).
+ *       the CPU demo's simulator check (make demo, run V): a profile of this
+ *       CPU (measured disk bandwidth; host time per kernel and per migrated
+ *       byte fitted to an empty plan and a calibration plan), then the
+ *       demo's plan simulated against its measured iteration time
+ *       (sim-vs-measured error).
  *   teraio eval paper [--json] [--svg DIR] [--hw PROFILE]
  *       the TERAIO paper's 18 configurations (docs/eval.md): traces made on
  *       demand by the Python tracer (python -m teraio.paper, cached under
@@ -247,54 +249,121 @@ static double json_number(const char *text, const char *key)
     return end == p + strlen(pat) ? NAN : v;
 }
 
-/* Simulated and measured iteration time of the demo; error as a fraction. */
-static int demo_error(const char *summary_path, double *sim_s, double *measured_s, double *err)
+typedef struct {
+    double sim_s, measured_s, err;    /* the check: plan R, simulated vs measured */
+    double host_overhead_us;          /* fitted to the empty-plan iterations */
+    double host_ns_per_byte;          /* fitted to the calibration plan's iterations */
+    double empty_s, cal_s, kernels_s; /* measured E and C; the trace's kernel time */
+} demo_check;
+
+/* Iteration time of `plan` simulated on hw at `capacity` with the given
+ * host costs; ns, or < 0 on error (reported). */
+static double demo_sim(const loaded *l, const tio_plan *plan, tio_hw hw, uint64_t capacity,
+                       double host_us, double host_ns_per_byte)
+{
+    hw.capacity_bytes = capacity;
+    hw.host_overhead_us = host_us;
+    hw.migration_host_ns_per_byte = host_ns_per_byte;
+    tio_sim_report r;
+    int rc = tio_sim_plan(l->trace, l->lt, &hw, plan, &r);
+    if (rc)
+        return rc;
+    double ns = (double)r.iteration_ns;
+    tio_sim_report_free(&r);
+    return ns;
+}
+
+/* The demo's simulator check (run V of python -m teraio.demo, docs/eval.md):
+ * this CPU's profile is the disk bandwidth measured through the engine, the
+ * host time per kernel that makes the empty plan's simulated iteration
+ * match its measured one, and the host time per migrated byte that does the
+ * same for the calibration plan; with that profile the simulator predicts
+ * the iteration time of the demo's own plan (R), measured in turn with the
+ * other two. */
+static int demo_error(const char *summary_path, demo_check *out)
 {
     FILE *f = fopen(summary_path, "rb");
     if (!f)
         return cli_error(CMD, "%s: cannot open: %s", summary_path, strerror(errno));
-    static char text[1 << 16];
+    static char text[1 << 18];
     size_t n = fread(text, 1, sizeof text - 1, f);
+    bool more = fgetc(f) != EOF;
     fclose(f);
+    if (more)
+        return cli_error(CMD, "%s: larger than %zu bytes: not a demo summary", summary_path,
+                         sizeof text - 1);
     text[n] = '\0';
-    double cap = json_number(text, "capacity_bytes");
-    double rd = json_number(text, "ssd_read_gbps_measured");
-    double wr = json_number(text, "ssd_write_gbps_measured");
-    double meas = json_number(text, "iter_time_offload_s");
-    if (!(cap > 0) || !(rd > 0) || !(wr > 0) || !(meas > 0))
-        return cli_error(CMD, "%s: expected capacity_bytes, ssd_read_gbps_measured, "
-                         "ssd_write_gbps_measured and iter_time_offload_s", summary_path);
-    char dir[PATH_MAX], trace_path[PATH_MAX + 16], plan_path[PATH_MAX + 16];
+    static const char *const keys[] = {
+        "validation_iter_time_empty_s", "validation_iter_time_cal_s",
+        "validation_iter_time_offload_s", "validation_capacity_cal_bytes",
+        "validation_capacity_bytes", "validation_ssd_read_gbps", "validation_ssd_write_gbps"};
+    double v[7];
+    for (int i = 0; i < 7; i++)
+        if (!((v[i] = json_number(text, keys[i])) > 0))
+            return cli_error(CMD, "%s: no positive '%s': the summary of a demo run with its "
+                             "simulator check (--validate-iterations > 0) is needed",
+                             summary_path, keys[i]);
+    double empty_s = v[0], cal_s = v[1], meas_s = v[2];
+    char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", summary_path);
     char *slash = strrchr(dir, '/');
     if (slash)
         *slash = '\0';
     else
         snprintf(dir, sizeof dir, ".");
-    snprintf(trace_path, sizeof trace_path, "%s/trace.tio", dir);
-    snprintf(plan_path, sizeof plan_path, "%s/plan.tio", dir);
-    /* The demo's machine: one disk at the measured bandwidths; no host tier. */
-    tio_hw hw = {.capacity_bytes = (uint64_t)cap, .pcie_h2d_gbps = 1e3, .pcie_d2h_gbps = 1e3,
-                 .ssd_count = 1, .ssd_read_gbps = rd, .ssd_write_gbps = wr,
-                 .ssd_latency_us = 100, .host_latency_us = 0, .cpu_adam_params_per_s = 1e9};
+    char trace_path[PATH_MAX + 32], cal_path[PATH_MAX + 32], plan_path[PATH_MAX + 32];
+    snprintf(trace_path, sizeof trace_path, "%s/trace_v.tio", dir);
+    snprintf(cal_path, sizeof cal_path, "%s/plan_v_cal.tio", dir);
+    snprintf(plan_path, sizeof plan_path, "%s/plan_v.tio", dir);
+    /* The demo's machine: one disk at the measured bandwidths; no host tier;
+     * the link is the memory bus (not the bound). */
+    tio_hw hw = {.pcie_h2d_gbps = 1e3, .pcie_d2h_gbps = 1e3, .ssd_count = 1,
+                 .ssd_read_gbps = v[5], .ssd_write_gbps = v[6], .ssd_latency_us = 100,
+                 .host_latency_us = 0, .cpu_adam_params_per_s = 1e9};
     snprintf(hw.name, sizeof hw.name, "demo-measured");
     loaded l;
-    tio_plan *plan = NULL;
-    tio_sim_report r;
+    tio_plan *cal = NULL, *plan = NULL;
     int rc = load_trace(trace_path, &l);
-    if (!rc)
-        rc = tio_plan_load(plan_path, &plan);
-    if (!rc)
+    if (rc)
+        return cli_lib_error(CMD, rc);
+    if (!(rc = tio_plan_load(cal_path, &cal)) && !(rc = tio_plan_check(cal, l.trace, l.lt)) &&
+        !(rc = tio_plan_load(plan_path, &plan)))
         rc = tio_plan_check(plan, l.trace, l.lt);
-    if (!rc)
-        rc = tio_sim_plan(l.trace, l.lt, &hw, plan, &r);
-    int status = rc ? cli_lib_error(CMD, rc) : 0;
-    if (!rc) {
-        *sim_s = r.iteration_ns / 1e9;
-        *measured_s = meas;
-        *err = fabs(*sim_s - meas) / meas;
-        tio_sim_report_free(&r);
+    double kernels_ns = (double)tio_trace_iteration_ns(l.trace);
+    uint32_t n_kernels = l.trace->n_kernels;
+    /* dispatch per kernel: the empty plan moves nothing, so its simulated
+     * time is the kernels plus n x host_overhead */
+    double host_us = (empty_s * 1e9 - kernels_ns) / n_kernels / 1e3;
+    if (host_us < 0)
+        host_us = 0;
+    /* host ns per migrated byte: bisection on the calibration plan
+     * (simulated time grows with it) */
+    double lo = 0, hi = 1, c = 0, t;
+    uint64_t cal_cap = (uint64_t)v[3], cap = (uint64_t)v[4];
+    if (!rc && (t = demo_sim(&l, cal, hw, cal_cap, host_us, 0)) < 0)
+        rc = (int)t;
+    if (!rc && t < cal_s * 1e9) {
+        while (!rc && hi < 1e4 && (t = demo_sim(&l, cal, hw, cal_cap, host_us, hi)) < cal_s * 1e9)
+            rc = t < 0 ? (int)t : 0, lo = hi, hi *= 2;
+        for (int it = 0; !rc && it < 50; it++) {
+            c = (lo + hi) / 2;
+            if ((t = demo_sim(&l, cal, hw, cal_cap, host_us, c)) < 0)
+                rc = (int)t;
+            else if (t < cal_s * 1e9)
+                lo = c;
+            else
+                hi = c;
+        }
+        c = (lo + hi) / 2;
     }
+    double sim_ns = 0;
+    if (!rc && (sim_ns = demo_sim(&l, plan, hw, cap, host_us, c)) < 0)
+        rc = (int)sim_ns;
+    int status = rc ? cli_lib_error(CMD, rc) : 0;
+    if (!rc)
+        *out = (demo_check){sim_ns / 1e9, meas_s, fabs(sim_ns / 1e9 - meas_s) / meas_s, host_us, c,
+                            empty_s, cal_s, kernels_ns / 1e9};
+    tio_plan_destroy(cal);
     tio_plan_destroy(plan);
     unload(&l);
     return status;
@@ -302,16 +371,22 @@ static int demo_error(const char *summary_path, double *sim_s, double *measured_
 
 static int eval_demo(const eval_args *a)
 {
-    double sim_s, meas_s, err;
-    int st = demo_error(a->target, &sim_s, &meas_s, &err);
+    demo_check d;
+    int st = demo_error(a->target, &d);
     if (st)
         return st;
     if (a->json)
-        printf("{\"simulated_s\": %.6f, \"measured_s\": %.6f, \"sim_vs_measured_error\": %.4f}\n",
-               sim_s, meas_s, err);
+        printf("{\"simulated_s\": %.6f, \"measured_s\": %.6f, \"sim_vs_measured_error\": %.4f, "
+               "\"host_overhead_us\": %.3f, \"migration_host_ns_per_byte\": %.4f, "
+               "\"empty_plan_s\": %.6f, \"calibration_plan_s\": %.6f, \"kernels_s\": %.6f}\n",
+               d.sim_s, d.measured_s, d.err, d.host_overhead_us, d.host_ns_per_byte, d.empty_s,
+               d.cal_s, d.kernels_s);
     else
-        printf("demo iteration with offloading: simulated %.3f s, measured %.3f s, "
-               "error %.1f%%\n", sim_s, meas_s, 100 * err);
+        printf("profile: kernels %.3f s per iteration (trace); host %.1f us per kernel (empty plan, "
+               "measured %.3f s); %.3f ns per migrated byte (calibration plan, measured %.3f s)\n"
+               "demo iteration with offloading: simulated %.3f s, measured %.3f s, error %.1f%%\n",
+               d.kernels_s, d.host_overhead_us, d.empty_s, d.host_ns_per_byte, d.cal_s, d.sim_s,
+               d.measured_s, 100 * d.err);
     return 0;
 }
 
@@ -727,7 +802,7 @@ static void alg1_timer_finish(alg1_timer *t, double deadline_s, double *secs, bo
  * paper`: the whole evaluation has to end within 10 minutes. */
 enum { ALG1_DEADLINE_S = 480 };
 
-typedef int (*demo_fn)(const char *, double *, double *, double *);
+typedef int (*demo_fn)(const char *, demo_check *);
 
 static int eval_paper(const char *hw_arg, const char *svg_dir, bool json, demo_fn demo)
 {
@@ -795,10 +870,12 @@ static int eval_paper(const char *hw_arg, const char *svg_dir, bool json, demo_f
     if (!st) {
         char demo_path[PATH_MAX + 32];
         snprintf(demo_path, sizeof demo_path, "%s/build/demo/summary.json", root);
-        double a, b;
+        demo_check d;
         struct stat sb;
-        if (stat(demo_path, &sb) == 0 && demo(demo_path, &a, &b, &sm.demo_err) == 0)
+        if (stat(demo_path, &sb) == 0 && demo(demo_path, &d) == 0) {
             sm.have_demo = true;
+            sm.demo_err = d.err;
+        }
         if (json) {
             print_paper_json(cfg, n, hw.name, &sm);
         } else {

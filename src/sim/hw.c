@@ -45,6 +45,8 @@ static const field FIELDS[] = {
     FIELD(matmul_efficiency, F_POS, false),
     FIELD(mem_efficiency, F_POS, false),
     FIELD(kernel_overhead_us, F_NONNEG, false),
+    FIELD(host_overhead_us, F_NONNEG, false),
+    FIELD(migration_host_ns_per_byte, F_NONNEG, false),
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

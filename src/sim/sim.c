@@ -15,6 +15,10 @@
  * is done (the offload must be done before its memory is released, the
  * prefetch before the tensor is used).  Time lost that way is stall.
  *
+ * On a profile with host costs (host_overhead_us, migration_host_ns_per_byte:
+ * a device that is the host CPU) each kernel also takes its dispatch time
+ * and the host work of the migrations it issues on the compute stream.
+ *
  * The timeline is unrolled over iterations -1 .. 2: pairs of iteration -1
  * stand for the previous iteration (their transfers issued before time 0
  * count as done at 0, so a wrap-around period starts with its tensor off
@@ -368,6 +372,7 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         lat[c] = tio_sim_latency_ns(hw, c);
     }
     uint64_t cap = hw->capacity_bytes;
+    double host_kernel_ns = hw->host_overhead_us * 1e3, host_byte_ns = hw->migration_host_ns_per_byte;
     double t = 0, iter_start = 0, stall = 0;
     uint32_t pi = 0, pd = 0;
     uint64_t floor_over = UINT64_MAX;
@@ -432,16 +437,21 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         }
         for (int c = 0; c < TIO_CH_N; c++)
             chan_advance(&ch[c], start);
+        uint64_t issued = 0;
         for (; pi < ne && by_issue[pi]->issue_g == g; pi++) {
             sim_event *e = by_issue[pi];
             e->left_ns = lat[e->channel] + (double)e->bytes / gbps[e->channel];
             chan_push(&ch[e->channel], e);
+            issued += e->bytes;
             if (last) {
                 r->bytes[e->channel] += e->bytes;
                 r->busy_ns[e->channel] += (double)e->bytes / gbps[e->channel];
             }
         }
-        t = start + (double)trace->kernels[k].duration_ns;
+        /* the kernel, the host's dispatch of it, and the host work of the
+         * migrations it issued (both 0 on a GPU profile) */
+        t = start + (double)trace->kernels[k].duration_ns + host_kernel_ns +
+            (double)issued * host_byte_ns;
     }
     r->iteration_ns = (uint64_t)(t - iter_start + 0.5);
     r->stall_ns = (uint64_t)ceil(stall); /* any wait, however short, shows */

@@ -154,6 +154,41 @@ static void test_sim_hand_stalls(void **state)
     run_hand(1500, 4200, 1000, 2);
 }
 
+/* A profile whose device is the host CPU: every kernel also takes the
+ * host's dispatch time, and the kernel that issues a migration its host
+ * work per byte; the ideal stays the trace's kernel time. */
+static void test_sim_host_costs(void **state)
+{
+    (void)state;
+    char text[1024];
+    snprintf(text, sizeof text, "%shost_overhead_us = 0.1\nmigration_host_ns_per_byte = 1\n",
+             GOOD_HW);
+    tio_hw hw;
+    assert_int_equal(tio_hw_parse(text, strlen(text), "t", &hw), 0);
+    assert_true(hw.host_overhead_us == 0.1 && hw.migration_host_ns_per_byte == 1.0);
+    snprintf(text, sizeof text, "%shost_overhead_us = -1\n", GOOD_HW);
+    expect_parse_error(text, "t.conf:13: field 'host_overhead_us'");
+    tio_trace *t = hand_trace(500);
+    tio_lifetime *lt;
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    tio_plan *p = hand_plan(500);
+    tio_sim_report r;
+    assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), 0);
+    /* 3200 of kernels + 5 x 100 of dispatch + 2 x 500 bytes x 1 ns */
+    assert_int_equal(r.iteration_ns, 4700);
+    assert_int_equal(r.stall_ns, 0);
+    assert_int_equal(r.ideal_ns, 3200);
+    tio_sim_report_free(&r);
+    /* without host costs the same plan takes the kernels' time */
+    hw.host_overhead_us = hw.migration_host_ns_per_byte = 0;
+    assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), 0);
+    assert_int_equal(r.iteration_ns, 3200);
+    tio_sim_report_free(&r);
+    tio_plan_destroy(p);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
 static void test_sim_strategy_names(void **state)
 {
     (void)state;
@@ -395,6 +430,7 @@ int main(void)
         cmocka_unit_test(test_hw_parse_errors),
         cmocka_unit_test(test_sim_hand_no_stall),
         cmocka_unit_test(test_sim_hand_stalls),
+        cmocka_unit_test(test_sim_host_costs),
         cmocka_unit_test(test_sim_strategy_names),
         cmocka_unit_test(test_plan_planned_stalls),
         cmocka_unit_test(test_sim_random_properties),

@@ -76,6 +76,8 @@ def run_demo(*args, cwd=None):
     (["--bandwidth-derate", "0"], "--bandwidth-derate must be in (0, 1], got 0"),
     (["--plan-headroom", "1"], "--plan-headroom must be in [0, 1), got 1"),
     (["--iterations", "0"], "--iterations must be >= 4"),
+    (["--validate-iterations", "4"], "--validate-iterations must be 0 or a positive multiple of 3"),
+    (["--validate-capacity-fraction", "0"], "--validate-capacity-fraction must be in (0, 1], got 0"),
     # --layers 0 gave a model whose parameters no kernel touches; --heads 5
     # a traceback from a view; --batch 0 trained on nothing ("losses nan").
     (["--layers", "0"], "--layers must be >= 1"),

@@ -1,7 +1,10 @@
 """The demo end to end on a small model, and its bad-input paths."""
 import json
+import math
 import subprocess
 import sys
+
+from teraio.demo import teraio_bin
 
 SMALL = ["--iterations", "5", "--dim", "192", "--layers", "2", "--heads", "4", "--ffn-dim", "512",
          "--seq-len", "128", "--batch", "4"]
@@ -14,7 +17,7 @@ def run_demo(*args):
 
 def test_small_demo_meets_the_foundation_criteria(tmp_path):
     out = tmp_path / "demo"
-    r = run_demo("--out", str(out), *SMALL)
+    r = run_demo("--out", str(out), *SMALL, "--validate-iterations", "3")
     assert r.returncode == 0, r.stderr
     s = json.loads((out / "summary.json").read_text())
     assert s["losses_identical"] is True
@@ -26,6 +29,20 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
     assert s["backend"] in ("io_uring", "psync")
     svg = (out / "memory.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<polyline") == 4
+    # the simulator check: one iteration under each of its three plans
+    assert s["validation_iterations_per_plan"] == 1
+    assert all(len(s["validation_times_s"][k]) == 1 for k in "ECR")
+    assert 0 < s["validation_bytes_moved_cal"] < s["validation_bytes_moved_offload"]
+    assert s["validation_capacity_bytes"] == s["capacity_bytes"]
+    exe = teraio_bin()
+    if exe:
+        c = subprocess.run([exe, "eval", "demo", str(out / "summary.json"), "--json"],
+                           capture_output=True, text=True, timeout=60)
+        assert c.returncode == 0, c.stderr
+        check = json.loads(c.stdout)
+        assert abs(check["measured_s"] - s["validation_iter_time_offload_s"]) < 1e-5
+        assert check["host_overhead_us"] >= 0 and check["migration_host_ns_per_byte"] >= 0
+        assert check["simulated_s"] > 0 and math.isfinite(check["sim_vs_measured_error"])
 
 
 def test_missing_ssd_directory_is_one_line(tmp_path):
