@@ -207,12 +207,13 @@ typedef struct tio_loader_options {
     const double *weights;           /* n_weights 0: all 1.0                     */
     uint32_t prefetch;       /* samples produced ahead by the loader's thread
                                 (0: no thread, samples made inside next); default 8 */
-    uint32_t fill_threads;   /* with prefetch: threads that read the tokens of the
-                                samples the loader's thread planned (0: that thread
-                                reads them); default 2 on machines of 8 or more
-                                online CPUs, else 0.  Not used for a dataset with
-                                JSONL files, whose tokens the loader's thread
-                                already holds tokenized. */
+    uint32_t fill_threads;   /* with prefetch: extra threads that read the tokens
+                                of the samples the loader's thread planned; the
+                                loader's thread and the caller of tio_loader_next
+                                (while it would wait) read them too; default 2 on
+                                machines of 8 or more online CPUs, else 0.  Not
+                                used for a dataset with JSONL files, whose tokens
+                                only the loader's thread holds, tokenized. */
 } tio_loader_options;
 
 TIO_API void tio_loader_options_default(tio_loader_options *opts);
