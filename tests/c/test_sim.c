@@ -262,7 +262,7 @@ static void random_hw(uint64_t *seed, const tio_lifetime *lt, tio_hw *hw)
 static void test_sim_random_properties(void **state)
 {
     (void)state;
-    uint64_t seed = 777;
+    uint64_t seed = 777, host_seed = 4242;
     uint32_t overflowed = 0, moved = 0, hosted = 0;
     for (int iter = 0; iter < 400; iter++) {
         tio_trace *t = random_trace(&seed);
@@ -353,6 +353,24 @@ static void test_sim_random_properties(void **state)
                 double span = s == TIO_SIM_TERAIO_ALG1 ? (double)ideal : (double)r.iteration_ns;
                 for (int c = 0; c < TIO_CH_N; c++)
                     assert_true((double)booked[c] <= rate[c] * span + 1.0);
+                /* a host-CPU profile (dispatch per kernel, host work per
+                 * migrated byte) only lengthens the iteration, by at least
+                 * those costs, and keeps memory and channels within bounds */
+                tio_hw hh = hw;
+                hh.host_overhead_us = 0.01 * (double)(lcg(&host_seed) % 5);
+                hh.migration_host_ns_per_byte = 0.5 * (double)(lcg(&host_seed) % 4);
+                tio_sim_report rh;
+                assert_int_equal(tio_sim_plan(t, lt, &hh, plan, &rh), 0);
+                uint64_t all = booked[0] + booked[1] + booked[2] + booked[3];
+                double floor_ns = (double)ideal + t->n_kernels * hh.host_overhead_us * 1e3 +
+                                  (double)all * hh.migration_host_ns_per_byte;
+                assert_true((double)rh.iteration_ns + 1.0 >= floor_ns);
+                assert_true(rh.iteration_ns + 1 >= r.iteration_ns || s != TIO_SIM_TERAIO);
+                assert_true(rh.peak_bytes <= hh.capacity_bytes);
+                for (int c = 0; c < TIO_CH_N; c++)
+                    assert_true((double)rh.bytes[c] <= rate[c] * (double)rh.iteration_ns + 1.0 ||
+                                rh.overflow_bytes > 0);
+                tio_sim_report_free(&rh);
                 tio_plan_destroy(plan);
             }
             tio_sim_report_free(&r);
