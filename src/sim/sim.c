@@ -470,7 +470,9 @@ int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *h
                         "required");
     memset(out, 0, sizeof *out);
     uint32_t n = trace->n_kernels;
-    if (plan->n_kernels != n || lt->n_kernels != n || n == 0)
+    if (n == 0)
+        return tio_fail(-EINVAL, "the trace has no kernels: there is nothing to simulate");
+    if (plan->n_kernels != n || lt->n_kernels != n)
         return tio_fail(-EINVAL, "plan of %u kernels does not match the trace's %u",
                         plan->n_kernels, n);
     sim_pair *pairs = NULL;

@@ -89,7 +89,9 @@ int tio_sim_run(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw
     if (!trace || !lt || !hw || !out)
         return tio_fail(-EINVAL, "tio_sim_run: trace, lifetime, profile and report are required");
     memset(out, 0, sizeof *out);
-    if (trace->n_kernels == 0 || lt->n_kernels != trace->n_kernels)
+    if (trace->n_kernels == 0)
+        return tio_fail(-EINVAL, "the trace has no kernels: there is nothing to simulate");
+    if (lt->n_kernels != trace->n_kernels)
         return tio_fail(-EINVAL, "tio_sim_run: the lifetime analysis is not of this trace");
     if ((unsigned)strategy >= TIO_SIM_N_STRATEGIES)
         return tio_fail(-EINVAL, "tio_sim_run: strategy %d out of range", (int)strategy);

@@ -326,6 +326,13 @@ expect_one_line_error "eval trace: plan of another trace" \
 expect_one_line_error "eval demo: missing summary" "$teraio" eval demo "$work/none.json"
 printf '{"capacity_bytes": 4000}\n' >"$work/summary.json"
 expect_one_line_error "eval demo: summary without measurements" "$teraio" eval demo "$work/summary.json"
+printf 'teraio-trace 1\nmodel empty batch 1\ncounts 0 0 0\n' >"$work/empty.tio"
+expect_one_line_error "eval trace: a trace without kernels" \
+  "$teraio" eval trace "$work/empty.tio" --hw "$work/ok.conf"
+if ! grep -q "no kernels" "$work/stderr"; then
+  failed=$((failed + 1))
+  echo "FAIL: eval trace: a trace without kernels: message does not say so" >&2
+fi
 expect_status "eval trace: a good trace and profile" 0 \
   "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --json
 expect_status "eval --help" 0 "$teraio" eval --help
