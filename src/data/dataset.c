@@ -7,6 +7,9 @@
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -578,8 +581,11 @@ struct tio_data_reader {
     uint64_t skip_doc;
 };
 
+static void bus_guard_init(void);
+
 int tio_data_reader_create(tio_dataset *ds, tio_data_reader **out)
 {
+    bus_guard_init();
     *out = calloc(1, sizeof **out);
     if (!*out)
         return tio_fail(-ENOMEM, "out of memory");
@@ -827,6 +833,62 @@ static int jsonl_doc(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t d
     return 0;
 }
 
+/* ---- files that shrink while mapped ---------------------------------------
+ *
+ * Token files are mapped.  A file truncated after it was opened (rewritten
+ * in place by another job) makes a read of a page past its new end raise
+ * SIGBUS, which would kill the process.  The readers below run under a
+ * per-thread guard: the SIGBUS handler, installed once, jumps back to the
+ * guarded read, which fails with -EIO naming the file.  A SIGBUS outside a
+ * guard goes to the handler installed before ours (or takes the default
+ * action), as if ours were not there.  The handler is (re)installed when a
+ * reader is created. */
+static _Thread_local sigjmp_buf *bus_jmp;
+static struct sigaction bus_previous;
+
+static void bus_handler(int sig, siginfo_t *info, void *ctx)
+{
+    if (bus_jmp)
+        siglongjmp(*bus_jmp, 1);
+    if (bus_previous.sa_flags & SA_SIGINFO) {
+        bus_previous.sa_sigaction(sig, info, ctx);
+    } else if (bus_previous.sa_handler != SIG_DFL && bus_previous.sa_handler != SIG_IGN) {
+        bus_previous.sa_handler(sig);
+    } else {
+        /* the faulting access runs again and takes the default action */
+        sigaction(SIGBUS, &bus_previous, NULL);
+    }
+}
+
+/* Install the handler unless it is the current one (a library or a test
+ * harness may have put its own in since: ours then hands on to that one). */
+static void bus_guard_init(void)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 &&
+        !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == bus_handler)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = bus_handler;
+        /* SA_NODEFER: leaving the handler by siglongjmp (no mask saved)
+         * must not leave SIGBUS blocked in the thread */
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &bus_previous) != 0)
+            tio_log(TIO_LOG_WARN, "cannot install the SIGBUS handler: a token file that shrinks "
+                    "while mapped will stop the process");
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+static int shrunk(const tio_dataset *ds, uint32_t sub, uint32_t file)
+{
+    return tio_fail(-EIO, "%s: the file shrank while mapped (truncated or rewritten after the "
+                    "dataset was opened)", ds->subs[sub].files[file].rel);
+}
+
 static int check_doc(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
                      tio_data_file **out)
 {
@@ -852,7 +914,15 @@ int tio_data_doc_len(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t d
         *n = r->len_n;
         return 0;
     }
+    sigjmp_buf jb, *outer = bus_jmp;
+    if (sigsetjmp(jb, 0)) {
+        bus_jmp = outer;
+        r->len_valid = false;
+        return shrunk(r->ds, sub, file);
+    }
+    bus_jmp = &jb;
     int rc = doc_len(r, sub, file, doc, n);
+    bus_jmp = outer;
     r->len_valid = rc == 0;
     r->len_sub = sub;
     r->len_file = file;
@@ -944,8 +1014,22 @@ static int convert(const uint8_t *p, int code, uint64_t n, uint32_t *dst, const 
     return 0;
 }
 
+static void doc_prefetch(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
+                         uint64_t off);
+
 void tio_data_doc_prefetch(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
                            uint64_t off)
+{
+    sigjmp_buf jb, *outer = bus_jmp;
+    if (sigsetjmp(jb, 0) == 0) { /* a shrunk file: the read that follows says so */
+        bus_jmp = &jb;
+        doc_prefetch(r, sub, file, doc, off);
+    }
+    bus_jmp = outer;
+}
+
+static void doc_prefetch(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
+                         uint64_t off)
 {
     tio_dataset *ds = r->ds;
     if (sub >= ds->n_subs || file >= ds->subs[sub].n_files)
@@ -971,8 +1055,25 @@ void tio_data_doc_prefetch(tio_data_reader *r, uint32_t sub, uint32_t file, uint
             __builtin_prefetch(p + 64 * k);
 }
 
+static int doc_read(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t off,
+                    uint64_t n, uint32_t *dst);
+
 int tio_data_doc_read(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t off,
                       uint64_t n, uint32_t *dst)
+{
+    sigjmp_buf jb, *outer = bus_jmp;
+    if (sigsetjmp(jb, 0)) {
+        bus_jmp = outer;
+        return shrunk(r->ds, sub, file);
+    }
+    bus_jmp = &jb;
+    int rc = doc_read(r, sub, file, doc, off, n, dst);
+    bus_jmp = outer;
+    return rc;
+}
+
+static int doc_read(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t off,
+                    uint64_t n, uint32_t *dst)
 {
     tio_data_file *f = NULL;
     int rc = check_doc(r, sub, file, doc, &f);
