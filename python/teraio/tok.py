@@ -65,7 +65,13 @@ def encoding_names() -> list[str]:
 
 
 def _as_bytes(text: str | bytes) -> bytes:
-    return text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    """The UTF-8 of a str, or the bytes of a bytes-like object; anything else
+    (an int would make that many NUL bytes) is a TypeError."""
+    if isinstance(text, str):
+        return text.encode("utf-8")
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return bytes(text)
+    raise TypeError(f"expected str or bytes to tokenize, got {type(text).__name__}")
 
 
 class Tokenizer:
@@ -153,6 +159,11 @@ class Tokenizer:
         return view[:n.value].tolist()
 
     def _encode_batch(self, texts: Sequence[str | bytes], special: int, threads: int):
+        if isinstance(texts, (str, bytes, bytearray, memoryview)):
+            raise TypeError("texts must be a sequence of str or bytes, not one "
+                            f"{type(texts).__name__} (use encode for a single text)")
+        if not isinstance(threads, int) or not 0 <= threads <= 4096:
+            raise ValueError(f"threads must be an integer from 0 (one per CPU) to 4096, got {threads!r}")
         data = [_as_bytes(t) for t in texts]
         n = len(data)
         ptrs = (c_char_p * max(1, n))(*data)

@@ -25,6 +25,7 @@
  * line on stderr while it runs when stderr is a terminal; errors are one
  * line on stderr.  Exit status 0, 1 on errors, 2 on usage errors.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -236,17 +237,34 @@ static int eval_trace(const eval_args *a)
 
 /* ---- the CPU demo: simulated vs measured ------------------------------------ */
 
-/* A number after "key": in a flat JSON object; NAN if absent. */
+/* The JSON number after "key" (blanks allowed around the colon) in a demo
+ * summary; NAN if the key is absent or its value is not a finite JSON
+ * number (Infinity, NaN, hex and the like are refused). */
 static double json_number(const char *text, const char *key)
 {
     char pat[96];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
+    snprintf(pat, sizeof pat, "\"%s\"", key);
     const char *p = strstr(text, pat);
     if (!p)
         return NAN;
+    p += strlen(pat);
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    if (*p++ != ':')
+        return NAN;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    const char *q = p;
+    if (*q == '-')
+        q++;
+    if (!isdigit((unsigned char)*q))
+        return NAN;
+    while (isdigit((unsigned char)*q) || *q == '.' || *q == 'e' || *q == 'E' || *q == '+' ||
+           *q == '-')
+        q++;
     char *end;
-    double v = strtod(p + strlen(pat), &end);
-    return end == p + strlen(pat) ? NAN : v;
+    double v = strtod(p, &end);
+    return end == q && isfinite(v) ? v : NAN;
 }
 
 typedef struct {
@@ -254,6 +272,7 @@ typedef struct {
     double host_overhead_us;          /* fitted to the empty-plan iterations */
     double host_ns_per_byte;          /* fitted to the calibration plan's iterations */
     double empty_s, cal_s, kernels_s; /* measured E and C; the trace's kernel time */
+    double kernel_scale;              /* < 1: E ran faster than the traced kernels */
 } demo_check;
 
 /* Iteration time of `plan` simulated on hw at `capacity` with the given
@@ -273,37 +292,68 @@ static double demo_sim(const loaded *l, const tio_plan *plan, tio_hw hw, uint64_
     return ns;
 }
 
+/* The plan file's capacity must be the one the summary names, less the
+ * demo's planning headroom (--plan-headroom, below 1/2). */
+static int demo_plan_capacity(const char *path, const tio_plan *plan, uint64_t capacity)
+{
+    if (plan->capacity_bytes > capacity || plan->capacity_bytes < capacity / 2)
+        return cli_error(CMD, "%s: planned for a capacity of %llu bytes, but the summary names "
+                         "%llu: not the plan of this summary", path,
+                         (unsigned long long)plan->capacity_bytes, (unsigned long long)capacity);
+    return 0;
+}
+
 /* The demo's simulator check (run V of python -m teraio.demo, docs/eval.md):
  * this CPU's profile is the disk bandwidth measured through the engine, the
  * host time per kernel that makes the empty plan's simulated iteration
  * match its measured one, and the host time per migrated byte that does the
  * same for the calibration plan; with that profile the simulator predicts
  * the iteration time of the demo's own plan (R), measured in turn with the
- * other two. */
+ * other two.  Where the empty plan ran faster than the traced kernels (the
+ * machine sped up since profiling), the kernel times are scaled down to it
+ * instead, and no dispatch time is added. */
 static int demo_error(const char *summary_path, demo_check *out)
 {
+    struct stat sb;
+    if (stat(summary_path, &sb) != 0)
+        return cli_error(CMD, "%s: cannot open: %s", summary_path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return cli_error(CMD, "%s: not a regular file", summary_path);
     FILE *f = fopen(summary_path, "rb");
     if (!f)
         return cli_error(CMD, "%s: cannot open: %s", summary_path, strerror(errno));
     static char text[1 << 18];
     size_t n = fread(text, 1, sizeof text - 1, f);
-    bool more = fgetc(f) != EOF;
+    bool failed = ferror(f) != 0;
+    bool more = !failed && fgetc(f) != EOF;
     fclose(f);
+    if (failed)
+        return cli_error(CMD, "%s: read error", summary_path);
     if (more)
         return cli_error(CMD, "%s: larger than %zu bytes: not a demo summary", summary_path,
                          sizeof text - 1);
     text[n] = '\0';
-    static const char *const keys[] = {
-        "validation_iter_time_empty_s", "validation_iter_time_cal_s",
-        "validation_iter_time_offload_s", "validation_capacity_cal_bytes",
-        "validation_capacity_bytes", "validation_ssd_read_gbps", "validation_ssd_write_gbps"};
+    static const struct {
+        const char *key;
+        double max;
+    } keys[] = {{"validation_iter_time_empty_s", 1e5}, {"validation_iter_time_cal_s", 1e5},
+                {"validation_iter_time_offload_s", 1e5}, {"validation_capacity_cal_bytes", 1e18},
+                {"validation_capacity_bytes", 1e18}, {"validation_ssd_read_gbps", 1e4},
+                {"validation_ssd_write_gbps", 1e4}};
     double v[7];
-    for (int i = 0; i < 7; i++)
-        if (!((v[i] = json_number(text, keys[i])) > 0))
-            return cli_error(CMD, "%s: no positive '%s': the summary of a demo run with its "
-                             "simulator check (--validate-iterations > 0) is needed",
-                             summary_path, keys[i]);
+    for (int i = 0; i < 7; i++) {
+        v[i] = json_number(text, keys[i].key);
+        if (!(v[i] > 0))
+            return cli_error(CMD, "%s: no finite number > 0 for '%s': the summary of a demo run with "
+                             "its simulator check (--validate-iterations > 0) is needed",
+                             summary_path, keys[i].key);
+        if (v[i] > keys[i].max || (i >= 3 && i <= 4 && (v[i] < 4096 || v[i] != floor(v[i]))) ||
+            (i >= 5 && v[i] < 1e-3))
+            return cli_error(CMD, "%s: '%s' is %g: out of range", summary_path, keys[i].key,
+                             v[i]);
+    }
     double empty_s = v[0], cal_s = v[1], meas_s = v[2];
+    uint64_t cal_cap = (uint64_t)v[3], cap = (uint64_t)v[4];
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", summary_path);
     char *slash = strrchr(dir, '/');
@@ -317,7 +367,7 @@ static int demo_error(const char *summary_path, demo_check *out)
     snprintf(plan_path, sizeof plan_path, "%s/plan_v.tio", dir);
     /* The demo's machine: one disk at the measured bandwidths; no host tier;
      * the link is the memory bus (not the bound). */
-    tio_hw hw = {.pcie_h2d_gbps = 1e3, .pcie_d2h_gbps = 1e3, .ssd_count = 1,
+    tio_hw hw = {.pcie_h2d_gbps = 1e4, .pcie_d2h_gbps = 1e4, .ssd_count = 1,
                  .ssd_read_gbps = v[5], .ssd_write_gbps = v[6], .ssd_latency_us = 100,
                  .host_latency_us = 0, .cpu_adam_params_per_s = 1e9};
     snprintf(hw.name, sizeof hw.name, "demo-measured");
@@ -326,29 +376,61 @@ static int demo_error(const char *summary_path, demo_check *out)
     int rc = load_trace(trace_path, &l);
     if (rc)
         return cli_lib_error(CMD, rc);
-    if (!(rc = tio_plan_load(cal_path, &cal)) && !(rc = tio_plan_check(cal, l.trace, l.lt)) &&
-        !(rc = tio_plan_load(plan_path, &plan)))
-        rc = tio_plan_check(plan, l.trace, l.lt);
+    int status = 0;
+    const char *where = cal_path;
+    if (!(rc = tio_plan_load(cal_path, &cal)) && !(rc = tio_plan_check(cal, l.trace, l.lt))) {
+        where = plan_path;
+        if (!(rc = tio_plan_load(plan_path, &plan)))
+            rc = tio_plan_check(plan, l.trace, l.lt);
+    }
+    if (rc) {
+        /* name the plan file: the plan checker's message names tensors, not files */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", tio_last_error());
+        status = strstr(msg, where) ? cli_lib_error(CMD, rc)
+                                    : cli_error(CMD, "%s: %s", where, msg);
+    }
+    if (!status)
+        status = demo_plan_capacity(cal_path, cal, cal_cap);
+    if (!status)
+        status = demo_plan_capacity(plan_path, plan, cap);
     double kernels_ns = (double)tio_trace_iteration_ns(l.trace);
     uint32_t n_kernels = l.trace->n_kernels;
     /* dispatch per kernel: the empty plan moves nothing, so its simulated
-     * time is the kernels plus n x host_overhead */
-    double host_us = (empty_s * 1e9 - kernels_ns) / n_kernels / 1e3;
-    if (host_us < 0)
+     * time is the kernels plus n x host_overhead; or the kernels scaled */
+    double host_us = (empty_s * 1e9 - kernels_ns) / n_kernels / 1e3, scale = 1;
+    if (!status && host_us < 0) {
+        scale = empty_s * 1e9 / kernels_ns;
+        for (uint32_t k = 0; k < n_kernels; k++)
+            l.trace->kernels[k].duration_ns =
+                (uint64_t)((double)l.trace->kernels[k].duration_ns * scale + 0.5);
         host_us = 0;
+    }
     /* host ns per migrated byte: bisection on the calibration plan
      * (simulated time grows with it) */
-    double lo = 0, hi = 1, c = 0, t;
-    uint64_t cal_cap = (uint64_t)v[3], cap = (uint64_t)v[4];
-    if (!rc && (t = demo_sim(&l, cal, hw, cal_cap, host_us, 0)) < 0)
-        rc = (int)t;
-    if (!rc && t < cal_s * 1e9) {
-        while (!rc && hi < 1e4 && (t = demo_sim(&l, cal, hw, cal_cap, host_us, hi)) < cal_s * 1e9)
-            rc = t < 0 ? (int)t : 0, lo = hi, hi *= 2;
-        for (int it = 0; !rc && it < 50; it++) {
+    double lo = 0, hi = 1, c = 0, t = 0;
+    if (!status && (t = demo_sim(&l, cal, hw, cal_cap, host_us, 0)) < 0)
+        status = cli_lib_error(CMD, (int)t);
+    if (!status && t > cal_s * 1e9 * 1.001)
+        status = cli_error(CMD, "%s: the calibration plan's measured iteration (%.3f s) is "
+                           "shorter than its simulation without host costs (%.3f s): no host cost "
+                           "per byte fits; the machine's speed changed during the check, run "
+                           "the demo again", summary_path, cal_s, t / 1e9);
+    if (!status && t < cal_s * 1e9) {
+        while (!status && (t = demo_sim(&l, cal, hw, cal_cap, host_us, hi)) < cal_s * 1e9) {
+            if (t < 0)
+                status = cli_lib_error(CMD, (int)t);
+            else if (hi >= 1e4)
+                status = cli_error(CMD, "%s: no host cost per byte up to 10 us makes the "
+                                   "calibration plan take its measured %.3f s", summary_path,
+                                   cal_s);
+            lo = hi;
+            hi *= 2;
+        }
+        for (int it = 0; !status && it < 50; it++) {
             c = (lo + hi) / 2;
             if ((t = demo_sim(&l, cal, hw, cal_cap, host_us, c)) < 0)
-                rc = (int)t;
+                status = cli_lib_error(CMD, (int)t);
             else if (t < cal_s * 1e9)
                 lo = c;
             else
@@ -357,12 +439,11 @@ static int demo_error(const char *summary_path, demo_check *out)
         c = (lo + hi) / 2;
     }
     double sim_ns = 0;
-    if (!rc && (sim_ns = demo_sim(&l, plan, hw, cap, host_us, c)) < 0)
-        rc = (int)sim_ns;
-    int status = rc ? cli_lib_error(CMD, rc) : 0;
-    if (!rc)
+    if (!status && (sim_ns = demo_sim(&l, plan, hw, cap, host_us, c)) < 0)
+        status = cli_lib_error(CMD, (int)sim_ns);
+    if (!status)
         *out = (demo_check){sim_ns / 1e9, meas_s, fabs(sim_ns / 1e9 - meas_s) / meas_s, host_us, c,
-                            empty_s, cal_s, kernels_ns / 1e9};
+                            empty_s, cal_s, kernels_ns / 1e9, scale};
     tio_plan_destroy(cal);
     tio_plan_destroy(plan);
     unload(&l);
@@ -378,15 +459,17 @@ static int eval_demo(const eval_args *a)
     if (a->json)
         printf("{\"simulated_s\": %.6f, \"measured_s\": %.6f, \"sim_vs_measured_error\": %.4f, "
                "\"host_overhead_us\": %.3f, \"migration_host_ns_per_byte\": %.4f, "
-               "\"empty_plan_s\": %.6f, \"calibration_plan_s\": %.6f, \"kernels_s\": %.6f}\n",
+               "\"empty_plan_s\": %.6f, \"calibration_plan_s\": %.6f, \"kernels_s\": %.6f, "
+               "\"kernel_scale\": %.4f}\n",
                d.sim_s, d.measured_s, d.err, d.host_overhead_us, d.host_ns_per_byte, d.empty_s,
-               d.cal_s, d.kernels_s);
+               d.cal_s, d.kernels_s, d.kernel_scale);
     else
-        printf("profile: kernels %.3f s per iteration (trace); host %.1f us per kernel (empty plan, "
-               "measured %.3f s); %.3f ns per migrated byte (calibration plan, measured %.3f s)\n"
-               "demo iteration with offloading: simulated %.3f s, measured %.3f s, error %.1f%%\n",
-               d.kernels_s, d.host_overhead_us, d.empty_s, d.host_ns_per_byte, d.cal_s, d.sim_s,
-               d.measured_s, 100 * d.err);
+        printf("profile: kernels %.3f s per iteration (trace%s); host %.1f us per kernel (empty "
+               "plan, measured %.3f s); %.3f ns per migrated byte (calibration plan, measured "
+               "%.3f s)\ndemo iteration with offloading: simulated %.3f s, measured %.3f s, "
+               "error %.1f%%\n", d.kernels_s * d.kernel_scale,
+               d.kernel_scale < 1 ? ", scaled to the empty plan's time" : "", d.host_overhead_us,
+               d.empty_s, d.host_ns_per_byte, d.cal_s, d.sim_s, d.measured_s, 100 * d.err);
     return 0;
 }
 

@@ -19,6 +19,8 @@
  * byte_pair_merge and Hugging Face's BPE Word::merge_all.
  */
 #include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -603,6 +605,9 @@ typedef struct {
     int *rcs;
     size_t *order; /* texts longest first */
     size_t next;   /* atomic: next entry of order to take */
+    pthread_mutex_t err_lock;
+    size_t err_text; /* the failing text of lowest index so far, and its message */
+    char err_msg[512];
 } batch;
 
 typedef struct {
@@ -629,6 +634,14 @@ static void *batch_worker(void *arg)
         size_t i = b->order[k];
         b->rcs[i] = tio_tok_encode(b->tok, b->texts[i], b->lens[i], b->special,
                                    b->ids + b->starts[i], b->lens[i], &b->counts[i]);
+        if (b->rcs[i]) { /* the message is this thread's: keep the first text's */
+            pthread_mutex_lock(&b->err_lock);
+            if (i < b->err_text) {
+                b->err_text = i;
+                snprintf(b->err_msg, sizeof b->err_msg, "%s", tio_last_error());
+            }
+            pthread_mutex_unlock(&b->err_lock);
+        }
     }
     return NULL;
 }
@@ -648,7 +661,8 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
     if (total > cap)
         return tio_fail(-ENOSPC, "batch of %zu bytes needs room for %zu ids, the output holds %zu",
                         total, total, cap);
-    batch b = {tok, texts, lens, n_texts, special, ids, NULL, NULL, NULL, NULL, 0};
+    batch b = {tok, texts, lens, n_texts, special, ids, NULL, NULL, NULL, NULL, 0,
+               PTHREAD_MUTEX_INITIALIZER, SIZE_MAX, ""};
     b.starts = malloc((n_texts + 1) * sizeof *b.starts);
     b.counts = calloc(n_texts + 1, sizeof *b.counts);
     b.rcs = calloc(n_texts + 1, sizeof *b.rcs);
@@ -694,7 +708,8 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
         tio_log(TIO_LOG_WARN, "tokenizer: started %u of %u batch threads", started + 1, n_threads);
     for (size_t i = 0; i < n_texts && !rc; i++)
         if (b.rcs[i])
-            rc = tio_fail(b.rcs[i], "text %zu of the batch: %s", i, tio_strerror(b.rcs[i]));
+            rc = tio_fail(b.rcs[i], "text %zu of the batch: %s", i,
+                          i == b.err_text && b.err_msg[0] ? b.err_msg : tio_strerror(b.rcs[i]));
     if (!rc) {
         for (size_t i = 0; i < n_texts; i++) {
             memmove(ids + offsets[i], ids + b.starts[i], b.counts[i] * sizeof *ids);
@@ -706,6 +721,7 @@ out:
     free(b.counts);
     free(b.rcs);
     free(b.order);
+    pthread_mutex_destroy(&b.err_lock);
     return rc;
 }
 

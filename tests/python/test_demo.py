@@ -43,6 +43,18 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
         assert abs(check["measured_s"] - s["validation_iter_time_offload_s"]) < 1e-5
         assert check["host_overhead_us"] >= 0 and check["migration_host_ns_per_byte"] >= 0
         assert check["simulated_s"] > 0 and math.isfinite(check["sim_vs_measured_error"])
+        # a summary with impossible values is refused in one line
+        text = (out / "summary.json").read_text()
+        for key, bad, says in [("validation_iter_time_offload_s", "Infinity", "no finite number"),
+                               ("validation_capacity_bytes", "1e30", "out of range"),
+                               ("validation_capacity_bytes", "99999", "not the plan of this summary")]:
+            old = f'"{key}": {json.dumps(s[key])}'
+            assert old in text
+            (out / "summary.json").write_text(text.replace(old, f'"{key}": {bad}'))
+            c = subprocess.run([exe, "eval", "demo", str(out / "summary.json")],
+                               capture_output=True, text=True, timeout=60)
+            assert c.returncode == 1 and c.stderr.count("\n") == 1 and says in c.stderr, c.stderr
+        (out / "summary.json").write_text(text)
 
 
 def test_missing_ssd_directory_is_one_line(tmp_path):

@@ -302,6 +302,21 @@ def test_batch_matches_single():
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(docs))] == want
     ids, offsets = tok.encode_batch_flat([], threads=2)
     assert len(ids) == 0 and offsets.tolist() == [0]
+    # a failing text is named with its own reason, as encode gives it
+    with pytest.raises(TeraioError) as err:
+        tok.encode_batch_flat(["plain", "text", "x <|endoftext|> y", "after"], SPECIAL_REJECT,
+                              threads=2)
+    assert "text 2 of the batch" in str(err.value) and "special token" in str(err.value)
+    # what is not text is refused, not tokenized as something else
+    with pytest.raises(TypeError):
+        tok.encode_batch_flat(["a", 5, "b"])
+    with pytest.raises(TypeError):
+        tok.encode_batch("hello")
+    with pytest.raises(TypeError):
+        tok.encode(5)
+    for threads in (-1, 2**40, 1.5):
+        with pytest.raises(ValueError):
+            tok.encode_batch_flat(["a"], threads=threads)
 
 
 def test_errors(tmp_path):
