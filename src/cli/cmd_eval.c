@@ -115,6 +115,12 @@ static int parse_args(int argc, char **argv, eval_args *a)
                                                                                : "TRACE");
     if (!strcmp(a->mode, "trace") && !a->hw_path)
         return usage_error("trace: missing --hw PROFILE");
+    if (!strcmp(a->mode, "demo") && (a->hw_path || a->plan_path || a->svg_dir || a->strategy))
+        return usage_error("demo takes only SUMMARY and --json (its profile is measured)");
+    if (!strcmp(a->mode, "paper") && (a->plan_path || a->strategy))
+        return usage_error("paper takes no --plan or --strategy");
+    if (!strcmp(a->mode, "trace") && a->svg_dir)
+        return usage_error("trace takes no --svg");
     return 0;
 }
 

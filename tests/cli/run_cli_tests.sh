@@ -324,6 +324,8 @@ expect_one_line_error "eval trace: unknown strategy" \
 expect_one_line_error "eval trace: plan of another trace" \
   "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --plan "$work/unknown.plan"
 expect_one_line_error "eval demo: missing summary" "$teraio" eval demo "$work/none.json"
+expect_one_line_error "eval demo: --hw is not for demo" "$teraio" eval demo "$work/none.json" --hw "$work/ok.conf"
+expect_one_line_error "eval demo: a directory as summary" "$teraio" eval demo "$work"
 printf '{"capacity_bytes": 4000}\n' >"$work/summary.json"
 expect_one_line_error "eval demo: summary without measurements" "$teraio" eval demo "$work/summary.json"
 printf 'teraio-trace 1\nmodel empty batch 1\ncounts 0 0 0\n' >"$work/empty.tio"
