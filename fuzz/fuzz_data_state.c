@@ -20,13 +20,23 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static tio_dataset *ds;
+static char root[256];
+
+/* The fuzzer exits through exit(): remove the scratch dataset then. */
+static void remove_root(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    (void)!system(cmd);
+}
 
 static tio_dataset *dataset(void)
 {
     if (ds)
         return ds;
-    char root[256], path[300];
+    char path[300];
     snprintf(root, sizeof root, "/tmp/fuzz_data_state.%d", (int)getpid());
+    atexit(remove_root);
     snprintf(path, sizeof path, "%s/s", root);
     mkdir(root, 0755);
     mkdir(path, 0755);

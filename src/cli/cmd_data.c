@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -213,6 +214,7 @@ static int cmd_inspect(int argc, char **argv)
         return rc;
     uint32_t n = tio_dataset_n_subdatasets(ds);
     uint64_t files = 0, docs = 0, toks = 0;
+    bool uncounted = false; /* JSONL: tokens are counted when ingested */
     if (json)
         printf("{\"root\": "), json_string(stdout, root), printf(", \"subdatasets\": [");
     else
@@ -223,6 +225,7 @@ static int cmd_inspect(int argc, char **argv)
         files += in.n_files;
         docs += in.n_docs;
         toks += in.n_tokens;
+        uncounted |= in.n_docs > 0 && in.n_tokens == 0;
         if (json) {
             printf("%s{\"name\": ", s ? ", " : "");
             json_string(stdout, in.name);
@@ -248,9 +251,9 @@ static int cmd_inspect(int argc, char **argv)
         printf("], \"files\": %llu, \"documents\": %llu, \"tokens\": %llu",
                (unsigned long long)files, (unsigned long long)docs, (unsigned long long)toks);
     else
-        printf("%-24s %8llu %14llu %16llu\n(tokens are 0 for JSONL: counted when ingested)\n",
-               "total", (unsigned long long)files, (unsigned long long)docs,
-               (unsigned long long)toks);
+        printf("%-24s %8llu %14llu %16llu\n%s", "total", (unsigned long long)files,
+               (unsigned long long)docs, (unsigned long long)toks,
+               uncounted ? "(tokens are 0 for JSONL: counted when ingested)\n" : "");
     int status = state ? inspect_state(ds, state, seed, eos, json) : 0;
     if (json && !status)
         printf("}\n");
@@ -531,6 +534,12 @@ static int cmd_ingest(int argc, char **argv)
     struct stat st;
     if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode))
         return cli_error(CMD, "%s: not a folder", out);
+    /* as `teraio tokenize`: without --tokenizers-dir or $TERAIO_TOKENIZERS_DIR,
+     * the rank files beside the source tree */
+    char shared[PATH_MAX + 32];
+    if (!tokdir && !getenv("TERAIO_TOKENIZERS_DIR") &&
+        cli_shared_tokenizers_dir(shared, sizeof shared))
+        tokdir = shared;
     tio_data_tokenizer *tok;
     int rc = tio_data_tokenizer_open(spec, tokdir, &tok);
     if (rc)

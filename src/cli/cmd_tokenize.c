@@ -103,15 +103,9 @@ static int open_tokenizer(const char *encoding, const char *file, const char *di
         return rc ? cli_lib_error(CMD, rc) : 0;
     char first[512];
     snprintf(first, sizeof first, "%s", tio_last_error());
-    /* <repo>/<build>/bin/teraio -> <repo>/../shared/tokenizers */
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
-    if (!slash)
-        return cli_error(CMD, "%s", first);
-    *slash = '\0';
     char shared[PATH_MAX + 32], path[PATH_MAX + 64];
-    snprintf(shared, sizeof shared, "%s/../../../shared/tokenizers", exe);
+    if (!cli_shared_tokenizers_dir(shared, sizeof shared))
+        return cli_error(CMD, "%s", first);
     if (tio_tok_encoding_path(encoding, shared, path, sizeof path) != 0)
         return cli_error(CMD, "%s; not in %s either", first, shared);
     rc = tio_tok_load_encoding(tok, encoding, shared);

@@ -2,11 +2,14 @@
  * cli/util.c — argument parsing and error printing shared by subcommands.
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "teraio/common.h"
@@ -118,4 +121,18 @@ bool cli_parse_positive(const char *s, double *out)
         return false;
     *out = v;
     return true;
+}
+
+bool cli_shared_tokenizers_dir(char *out, size_t len)
+{
+    /* <repo>/<build>/bin/teraio -> <repo>/../shared/tokenizers */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
+    if (!slash)
+        return false;
+    *slash = '\0';
+    struct stat st;
+    return snprintf(out, len, "%s/../../../shared/tokenizers", exe) < (int)len &&
+           stat(out, &st) == 0 && S_ISDIR(st.st_mode);
 }

@@ -196,8 +196,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'-*", root, root); /* and the tests' siblings */
     (void)!system(cmd);
     (void)state;
     return 0;

@@ -65,8 +65,9 @@ def worker(phase, root, ckpt, out):
     dist.destroy_process_group()
 
 
-def torchrun(n, *args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def torchrun(n, *args, tmp):
+    # torchelastic leaves its scratch folders in TMPDIR: keep them in the test's
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
                         "--standalone", __file__, *map(str, args)], env=env, capture_output=True,
                        text=True, timeout=300)
@@ -77,13 +78,14 @@ def test_torchrun_4_save_3_resume(tmp_path):
     root, ckpt, out = tmp_path / "root", tmp_path / "ckpt", tmp_path / "out"
     write_dataset(root)
     out.mkdir()
-    torchrun(4, "save", root, ckpt, out)
+    (tmp_path / "tmp").mkdir()
+    torchrun(4, "save", root, ckpt, out, tmp=tmp_path / "tmp")
     assert sorted(p.name for p in ckpt.iterdir()) == [f"loader-rank{r:05d}.state" for r in range(4)]
     before = sum((json.loads((out / f"save-{r}.json").read_text()) for r in range(4)), [])
     docs = {(s, f, d): doc_len(f, d) + 1 for s, files in [(0, 2), (1, 3)]
             for f in range(files) for d in range(40 + 10 * f)}   # "code" sorts first
     (out / "need").write_text(str(sum(docs.values()) - sum(s[4] for s in before)))
-    torchrun(3, "resume", root, ckpt, out)
+    torchrun(3, "resume", root, ckpt, out, tmp=tmp_path / "tmp")
     after = sum((json.loads((out / f"resume-{r}.json").read_text()) for r in range(3)), [])
     cover = {}
     for sub, f, d, off, n, _ in before + after:
