@@ -350,9 +350,9 @@ static int demo_error(const char *summary_path, demo_check *out)
     for (int i = 0; i < 7; i++) {
         v[i] = json_number(text, keys[i].key);
         if (!(v[i] > 0))
-            return cli_error(CMD, "%s: no finite number > 0 for '%s': the summary of a demo run with "
-                             "its simulator check (--validate-iterations > 0) is needed",
-                             summary_path, keys[i].key);
+            return cli_error(CMD, "%s: no finite number > 0 for '%s': the summary of a demo "
+                             "run with its simulator check (--validate-iterations > 0) is "
+                             "needed", summary_path, keys[i].key);
         if (v[i] > keys[i].max || (i >= 3 && i <= 4 && (v[i] < 4096 || v[i] != floor(v[i]))) ||
             (i >= 5 && v[i] < 1e-3))
             return cli_error(CMD, "%s: '%s' is %g: out of range", summary_path, keys[i].key,

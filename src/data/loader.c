@@ -575,9 +575,10 @@ struct tio_loader {
      * i's tokens are in.  The producer plans samples (spans only) and fills
      * queued ones while two or more wait or the queue is full; the
      * consumer, while the sample it wants is not ready, fills the next
-     * unclaimed one; fill threads, when there are any, take the rest.  So on two cores the consumer's idle time goes
-     * into reading tokens instead of waiting.  Each filler has its own
-     * reader (consumer_reader for the consumer). */
+     * unclaimed one; fill threads, when there are any, take the rest.  So
+     * on two cores the consumer's idle time goes into reading tokens
+     * instead of waiting.  Each filler has its own reader
+     * (consumer_reader for the consumer). */
     bool shared_fill;
     pthread_t *fillers;
     uint32_t n_fillers, n_claimed, fillers_waiting;

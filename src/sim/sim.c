@@ -372,7 +372,8 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
         lat[c] = tio_sim_latency_ns(hw, c);
     }
     uint64_t cap = hw->capacity_bytes;
-    double host_kernel_ns = hw->host_overhead_us * 1e3, host_byte_ns = hw->migration_host_ns_per_byte;
+    double host_kernel_ns = hw->host_overhead_us * 1e3;
+    double host_byte_ns = hw->migration_host_ns_per_byte;
     double t = 0, iter_start = 0, stall = 0;
     uint32_t pi = 0, pd = 0;
     uint64_t floor_over = UINT64_MAX;
