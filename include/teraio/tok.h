@@ -196,8 +196,9 @@ TIO_API int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int
  * lens always suffices.  Texts are handed to threads dynamically, longest
  * first, so one long text does not hold up the rest and the threads finish
  * together.  Returns 0 or the first error
- * (by text index) of the codes of tio_tok_encode, or -EAGAIN when a thread
- * cannot be started.  Thread-safe. */
+ * (by text index) of the codes of tio_tok_encode, its message "text I of
+ * the batch: " and that text's own message; or -EAGAIN when a thread cannot
+ * be started.  Thread-safe. */
 TIO_API int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const size_t *lens,
                                  size_t n_texts, int special, unsigned n_threads, uint32_t *ids,
                                  size_t cap, size_t *offsets);
