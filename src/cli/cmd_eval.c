@@ -279,6 +279,7 @@ typedef struct {
     double host_ns_per_byte;          /* fitted to the calibration plan's iterations */
     double empty_s, cal_s, kernels_s; /* measured E and C; the trace's kernel time */
     double kernel_scale;              /* < 1: E ran faster than the traced kernels */
+    uint32_t n_kernels;
 } demo_check;
 
 /* Iteration time of `plan` simulated on hw at `capacity` with the given
@@ -449,7 +450,7 @@ static int demo_error(const char *summary_path, demo_check *out)
         status = cli_lib_error(CMD, (int)sim_ns);
     if (!status)
         *out = (demo_check){sim_ns / 1e9, meas_s, fabs(sim_ns / 1e9 - meas_s) / meas_s, host_us, c,
-                            empty_s, cal_s, kernels_ns / 1e9, scale};
+                            empty_s, cal_s, kernels_ns / 1e9, scale, n_kernels};
     tio_plan_destroy(cal);
     tio_plan_destroy(plan);
     unload(&l);
@@ -466,9 +467,9 @@ static int eval_demo(const eval_args *a)
         printf("{\"simulated_s\": %.6f, \"measured_s\": %.6f, \"sim_vs_measured_error\": %.4f, "
                "\"host_overhead_us\": %.3f, \"migration_host_ns_per_byte\": %.4f, "
                "\"empty_plan_s\": %.6f, \"calibration_plan_s\": %.6f, \"kernels_s\": %.6f, "
-               "\"kernel_scale\": %.4f}\n",
+               "\"kernel_scale\": %.4f, \"n_kernels\": %u}\n",
                d.sim_s, d.measured_s, d.err, d.host_overhead_us, d.host_ns_per_byte, d.empty_s,
-               d.cal_s, d.kernels_s, d.kernel_scale);
+               d.cal_s, d.kernels_s, d.kernel_scale, d.n_kernels);
     else
         printf("profile: kernels %.3f s per iteration (trace%s); host %.1f us per kernel (empty "
                "plan, measured %.3f s); %.3f ns per migrated byte (calibration plan, measured "
