@@ -121,7 +121,7 @@ enum { TIO_CH_SSD_WRITE = 0, TIO_CH_SSD_READ = 1, TIO_CH_HOST_WRITE = 2, TIO_CH_
 
 typedef struct {
     uint64_t iteration_ns;   /* steady-state iteration (the last simulated one) */
-    uint64_t ideal_ns;       /* sum of kernel durations */
+    uint64_t ideal_ns;       /* sum of kernel durations (host costs excluded) */
     uint64_t stall_ns;       /* compute stream waiting on transfers or on the CPU */
     uint32_t n_stalls;       /* kernels that waited */
     uint64_t peak_bytes;     /* peak resident device bytes (<= capacity) */

@@ -170,8 +170,30 @@ def run_a(args) -> dict:
             "n_params": job.n_params, "corpus_bytes": job.corpus_bytes, "n_kernels": len(curve)}
 
 
+def offload_setup(args, trace, lt, label: str):
+    """The engine over the SSD directories, its measured bandwidths, and a
+    function capacity -> plan with the demo's settings (runs B and V)."""
+    from .core import Engine, Plan
+    dirs = args.ssd or [os.path.join(args.out, "ssd")]
+    if not args.ssd:
+        os.makedirs(dirs[0], exist_ok=True)
+    engine = Engine(dirs, capacity_bytes=2 * lt.peak_bytes + (64 << 20))
+    progress(f"{label}: measuring SSD bandwidth through the engine")
+    read_gbps, write_gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
+
+    def plan_for(capacity: int) -> Plan:
+        # The trace models an intermediate tensor as freed at its last use;
+        # autograd releases saved tensors when a backward node finishes, a
+        # few kernels later.  Plan slightly below the capacity to leave room.
+        return Plan.build(trace, lt, int(capacity * (1 - args.plan_headroom)),
+                          ssd_read_gbps=read_gbps * args.bandwidth_derate,
+                          ssd_write_gbps=write_gbps * args.bandwidth_derate, host_cap_bytes=0)
+
+    return engine, dirs, read_gbps, write_gbps, plan_for
+
+
 def run_b(args) -> dict:
-    from .core import Engine, Lifetime, Plan
+    from .core import Lifetime
     from .torch import OffloadRuntime, Profiler
     job = Job(args)
     prof = Profiler(job.model, job.opt, name="llama-demo")
@@ -186,19 +208,10 @@ def run_b(args) -> dict:
     del loss
     trace = prof.save(os.path.join(args.out, "trace.tio"))
     lt = Lifetime(trace)
-    dirs = args.ssd or [os.path.join(args.out, "ssd")]
-    if not args.ssd:
-        os.makedirs(dirs[0], exist_ok=True)
-    engine = Engine(dirs, capacity_bytes=2 * lt.peak_bytes + (64 << 20))
-    progress("run B: measuring SSD bandwidth through the engine")
-    read_gbps, write_gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
+    engine, dirs, read_gbps, write_gbps, plan_for = offload_setup(args, trace, lt, "run B")
     capacity = args.capacity_bytes
     progress("run B: planning")
-    # The trace models an intermediate tensor as freed at its last use;
-    # autograd releases saved tensors when a backward node finishes, a few
-    # kernels later.  Plan slightly below the capacity to leave room for it.
-    plan = Plan.build(trace, lt, int(capacity * (1 - args.plan_headroom)), ssd_read_gbps=read_gbps * args.bandwidth_derate,
-                      ssd_write_gbps=write_gbps * args.bandwidth_derate, host_cap_bytes=0)
+    plan = plan_for(capacity)
     plan.save(os.path.join(args.out, "plan.tio"))
     rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
     rss_reset = reset_peak_rss()
@@ -237,7 +250,7 @@ def run_v(args) -> dict:
     C calibrate the host costs of this CPU (dispatch per kernel, host work
     per migrated byte); R's time is what the simulator must predict."""
     import copy
-    from .core import Engine, Lifetime, Plan
+    from .core import Lifetime
     from .torch import OffloadRuntime, Profiler
     n = args.validate_iterations
     vargs = copy.copy(args)
@@ -251,17 +264,8 @@ def run_v(args) -> dict:
         del loss
     trace = prof.save(os.path.join(args.out, "trace_v.tio"))
     lt = Lifetime(trace)
-    dirs = args.ssd or [os.path.join(args.out, "ssd")]
-    engine = Engine(dirs, capacity_bytes=2 * lt.peak_bytes + (64 << 20))
-    progress("simulator check: measuring SSD bandwidth through the engine")
-    read_gbps, write_gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
+    engine, _, read_gbps, write_gbps, plan_for = offload_setup(args, trace, lt, "simulator check")
     cal_capacity = int(lt.peak_bytes * args.validate_capacity_fraction)
-
-    def plan_for(capacity: int) -> Plan:
-        return Plan.build(trace, lt, int(capacity * (1 - args.plan_headroom)),
-                          ssd_read_gbps=read_gbps * args.bandwidth_derate,
-                          ssd_write_gbps=write_gbps * args.bandwidth_derate, host_cap_bytes=0)
-
     plans = {"E": plan_for(4 * lt.peak_bytes), "C": plan_for(cal_capacity), "R": plan_for(args.capacity_bytes)}
     if plans["E"].n_migrations:
         raise RuntimeError("simulator check: the plan for unlimited memory moves tensors")

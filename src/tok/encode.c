@@ -594,6 +594,10 @@ int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special
 /* ---- batch ------------------------------------------------------------- */
 
 typedef struct {
+    size_t len, index;
+} text_ref;
+
+typedef struct {
     const tio_tok *tok;
     const void *const *texts;
     const size_t *lens;
@@ -603,16 +607,12 @@ typedef struct {
     size_t *starts; /* where text i's ids begin before packing */
     size_t *counts;
     int *rcs;
-    size_t *order; /* texts longest first */
+    text_ref *order; /* texts longest first (index order on one thread) */
     size_t next;   /* atomic: next entry of order to take */
     pthread_mutex_t err_lock;
     size_t err_text; /* the failing text of lowest index so far, and its message */
     char err_msg[512];
 } batch;
-
-typedef struct {
-    size_t len, index;
-} text_ref;
 
 /* Longest first (LPT): the last texts handed out are the short ones, so the
  * threads finish together.  Ties by index, so the order is deterministic. */
@@ -631,7 +631,7 @@ static void *batch_worker(void *arg)
         size_t k = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
         if (k >= b->n_texts)
             break;
-        size_t i = b->order[k];
+        size_t i = b->order[k].index;
         b->rcs[i] = tio_tok_encode(b->tok, b->texts[i], b->lens[i], b->special,
                                    b->ids + b->starts[i], b->lens[i], &b->counts[i]);
         if (b->rcs[i]) { /* the message is this thread's: keep the first text's */
@@ -674,7 +674,7 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
     }
     for (size_t i = 0, at = 0; i < n_texts; at += lens[i], i++) {
         b.starts[i] = at;
-        b.order[i] = i;
+        b.order[i] = (text_ref){lens[i], i};
     }
     if (n_threads == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -682,15 +682,8 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
     }
     if (n_threads > n_texts)
         n_threads = n_texts ? (unsigned)n_texts : 1;
-    text_ref *refs = n_threads > 1 ? malloc(n_texts * sizeof *refs) : NULL;
-    if (refs) {
-        for (size_t i = 0; i < n_texts; i++)
-            refs[i] = (text_ref){lens[i], i};
-        qsort(refs, n_texts, sizeof *refs, by_len_desc);
-        for (size_t i = 0; i < n_texts; i++)
-            b.order[i] = refs[i].index;
-        free(refs);
-    } /* without memory for the sort: index order, still correct */
+    if (n_threads > 1)
+        qsort(b.order, n_texts, sizeof *b.order, by_len_desc);
     pthread_t *th = calloc(n_threads, sizeof *th);
     if (!th) {
         rc = tio_fail(-ENOMEM, "out of memory for %u threads", n_threads);
