@@ -35,6 +35,8 @@ sys.path.insert(0, str(REPO / "python"))
 if "TERAIO_LIBRARY" not in os.environ and (REPO / "build" / "lib" / "libteraio.so").exists():
     os.environ["TERAIO_LIBRARY"] = str(REPO / "build" / "lib" / "libteraio.so")
 
+# The rank files are local: no copies of them in tiktoken's /tmp cache.
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
 import tiktoken  # noqa: E402
 import tiktoken.load  # noqa: E402
 

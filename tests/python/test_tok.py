@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 tiktoken = pytest.importorskip("tiktoken")
+# The rank files are local: no copies of them in tiktoken's /tmp cache.
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
 import tiktoken.load  # noqa: E402
 
 from teraio._lib import TeraioError  # noqa: E402
