@@ -11,8 +11,8 @@ from teraio.torch import OffloadRuntime, Profiler
 from conftest import TinyJob
 
 
-def profiled_runtime(job, ssd_dir, fraction=0.5, staging=None):
-    prof = Profiler(job.model, job.opt)
+def profiled_runtime(job, ssd_dir, fraction=0.5, staging=None, kernel_time=None):
+    prof = Profiler(job.model, job.opt, kernel_time=kernel_time)
     losses = []
     for i in range(2):
         with prof.iteration():
@@ -262,3 +262,92 @@ def test_alternating_sequence_lengths(ssd_dir):
     losses, model, opt, stats, _ = _small_offloaded(batches, ssd_dir, 0.4)
     _assert_same_training(plain, (losses, model, opt))
     assert stats["diverged_iterations"] == 3  # iterations 3, 5, 7 (seq 16)
+
+
+# ---- issue 12 item 3: model and optimizer used between iterations --------------
+
+def _released_globals(rt):
+    return [i for i in rt._released if i < rt._ids.n_global]
+
+
+def test_plain_step_between_iterations_fetches_what_it_uses(ssd_dir):
+    """A plain training step run between two rt.iteration() blocks used to
+    crash in _single_tensor_adam: the optimizer state the plan keeps on SSD
+    across the iteration boundary was a 0-byte storage there.  Operators
+    between iterations now fetch what they read (fetches_outside), and the
+    next iteration puts the tensors back where the plan has them."""
+    ref = TinyJob()
+    ref_losses = [ref.step(i).item() for i in range(len(ref.batches))]
+    job = TinyJob()
+    rt, plan, lt, losses, _engine = profiled_runtime(job, ssd_dir, kernel_time=lambda *a: 1000)
+    with rt.iteration():
+        loss = job.step(2)
+    losses.append(loss.item())
+    assert _released_globals(rt), "the plan should keep some global tensor away between iterations"
+    losses.append(job.step(3).item())  # plain step, no iteration
+    for i in range(4, len(job.batches)):
+        with rt.iteration():
+            loss = job.step(i)
+        losses.append(loss.item())
+    stats = rt.stats()
+    rt.close()
+    assert losses == ref_losses
+    for p, q in zip(job.model.parameters(), ref.model.parameters()):
+        assert torch.equal(p, q)
+    assert stats["fetches_outside"] > 0 and stats["bytes_fetched_outside"] > 0
+    assert stats["diverged_iterations"] == 0
+
+
+def test_checkpoint_while_offloaded_holds_the_true_values(ssd_dir, tmp_path):
+    """torch.save(optimizer.state_dict()) without fetch_all() used to write a
+    truncated checkpoint (840 KB instead of 1.4 MB) that torch.load refused.
+    state_dict() now fetches first: the saved values equal the plain run's,
+    and a parameter norm read between iterations is the true one."""
+    ref = TinyJob()
+    for i in range(3):
+        ref.step(i)
+    job = TinyJob()
+    rt, _, _, _, _engine = profiled_runtime(job, ssd_dir, kernel_time=lambda *a: 1000)
+    with rt.iteration():
+        job.step(2)
+    assert _released_globals(rt)
+    norms = [p.norm().item() for p in job.model.parameters()]
+    assert norms == [p.norm().item() for p in ref.model.parameters()]
+    torch.save({"model": job.model.state_dict(), "opt": job.opt.state_dict()}, tmp_path / "ck.pt")
+    rt.close()
+    ck = torch.load(tmp_path / "ck.pt")
+    want = {"model": ref.model.state_dict(), "opt": ref.opt.state_dict()}
+    assert ck["model"].keys() == want["model"].keys()
+    for k, v in want["model"].items():
+        assert torch.equal(ck["model"][k], v), k
+    for p, state in want["opt"]["state"].items():
+        for k, v in state.items():
+            assert torch.equal(ck["opt"]["state"][p][k], v), (p, k)
+
+
+def test_runtime_used_from_another_thread_is_refused(ssd_dir):
+    """Issue 12 item 9: fetch_all() from a second thread deadlocked, and a
+    parameter read there could be freed under it.  Every call from another
+    thread raises a clear error and changes nothing."""
+    import threading
+    job = TinyJob()
+    rt, _, _, _, _engine = profiled_runtime(job, ssd_dir, kernel_time=lambda *a: 1000)
+    with rt.iteration():
+        job.step(2)
+    errors = []
+
+    def other():
+        for call in (rt.fetch_all, rt.stats, rt.close, lambda: rt.iteration().__enter__()):
+            try:
+                call()
+            except RuntimeError as e:
+                errors.append(str(e))
+
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert len(errors) == 4 and all("another thread" in e for e in errors), errors
+    assert _released_globals(rt)  # nothing was fetched
+    with rt.iteration():
+        job.step(3)
+    rt.close()
