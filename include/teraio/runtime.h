@@ -26,10 +26,10 @@
  * Divergence: kernel_begin() compares the kernel's name with the trace, and
  * tensor_bind() the tensor's id and size; an iteration that ends with a
  * different number of kernels diverged too.  On the first mismatch of an
- * iteration the runtime logs it (a warning the first time, then at info
- * level), stops issuing planned migrations for the rest of that iteration
- * and fetches offloaded tensors on demand (ensure_resident), so results stay
- * correct.  A tensor whose size differs from the trace is never bound,
+ * iteration the runtime logs it (a warning the first time in the process,
+ * then at info level), stops issuing planned migrations for the rest of
+ * that iteration and fetches offloaded tensors on demand (ensure_resident),
+ * so results stay correct.  A tensor whose size differs from the trace is never bound,
  * released or resized.  The next iteration_begin tries the plan again.
  *
  * Iterations: iteration_begin() .. iteration_end().  Between two iterations
@@ -48,7 +48,8 @@
  * all kernels, so memory held between iterations (a fetch outside an
  * iteration) and before the first kernel does not count.  A kernel over the
  * capacity is counted (over_capacity_kernels, over_capacity_bytes_max) and
- * the first is logged as a warning, with what the runtime knows of why.
+ * the first is logged (a warning the first time in the process, then at info
+ * level), with what the runtime knows of why.
  *
  * Thread-safety: one runtime is driven from one thread, the one that created
  * it; every call from another thread except tio_runtime_destroy is refused

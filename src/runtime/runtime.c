@@ -66,6 +66,7 @@
  * exists: completions with tags it does not know are logged and dropped.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,6 +132,16 @@ struct tio_runtime {
 
 #define REAP_BATCH 64
 
+/* The first divergence and the first kernel over the capacity in the
+ * process are logged as warnings, later ones at info level: a training job
+ * that switches plans makes a runtime per plan, and says each thing once. */
+static atomic_bool warned_divergence, warned_over_capacity;
+
+static int first_warning(atomic_bool *warned)
+{
+    return atomic_exchange(warned, true) ? TIO_LOG_INFO : TIO_LOG_WARN;
+}
+
 /* Why a kernel may hold more than the plan said, as far as the runtime
  * can tell. */
 static const char *over_capacity_reason(const tio_runtime *rt)
@@ -166,7 +177,7 @@ static void note_resident(tio_runtime *rt)
     rt->over_logged = true;
     char rb[32], cb[32];
     uint32_t k = rt->window_kernel;
-    tio_log(TIO_LOG_WARN,
+    tio_log(first_warning(&warned_over_capacity),
             "runtime: kernel %u ('%s') holds %s resident, over the capacity of %s (%s); "
             "stats over_capacity_kernels and over_capacity_bytes_max count every such kernel",
             k, k < rt->trace->n_kernels ? rt->trace->kernels[k].name : "past the trace",
@@ -579,11 +590,10 @@ static int prefetch_trigger(tio_runtime *rt, const tio_migration *m)
 
 /* The iteration left the trace at kernel k (`why` says how): let every
  * migration in flight finish (writes are waited for and released, reads
- * complete), then stop planned migrations until the next iteration_begin.
- * Logged as a warning the first time, at info level after that. */
+ * complete), then stop planned migrations until the next iteration_begin. */
 static int diverge(tio_runtime *rt, uint32_t k, const char *why)
 {
-    tio_log(rt->stats.diverged ? TIO_LOG_INFO : TIO_LOG_WARN,
+    tio_log(first_warning(&warned_divergence),
             "runtime: iteration %llu left the trace at kernel %u: %s; planned migrations stop "
             "for this iteration, offloaded tensors are fetched on demand",
             (unsigned long long)rt->stats.iterations, k, why);
