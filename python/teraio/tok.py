@@ -5,7 +5,7 @@ Thin on purpose: loading, encoding and decoding all happen in C
 encodings and Hugging Face ``tokenizers``' for byte-level BPE
 ``tokenizer.json`` files (without the post-processor).
 
->>> tok = Tokenizer.encoding("cl100k_base", "/path/to/shared/tokenizers")
+>>> tok = Tokenizer.encoding("cl100k_base")
 >>> tok.encode("hello world")
 [15339, 1917]
 """
@@ -83,8 +83,11 @@ class Tokenizer:
 
     @classmethod
     def encoding(cls, name: str, directory: str | os.PathLike | None = None) -> "Tokenizer":
-        """Built-in encoding ``name``; its rank file is looked for in
-        ``directory``, then in $TERAIO_TOKENIZERS_DIR."""
+        """Built-in encoding ``name``.  Its rank file is looked for in
+        ``directory``, then $TERAIO_TOKENIZERS_DIR, then tiktoken's download
+        cache, then the copy shipped with teraio (``teraio/tokenizers``), and
+        checked against the encoding's SHA-256 (TeraioError naming the file on
+        a mismatch)."""
         h = c_void_p()
         d = os.fsencode(directory) if directory is not None else None
         check(_load_encoding(ctypes.byref(h), name.encode(), d))
