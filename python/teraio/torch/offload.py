@@ -238,7 +238,10 @@ class OffloadRuntime:
     def _release(self, ctx, tensor):
         st = self._storage(tensor)
         if st is not None:
-            st.resize_(0)
+            try:
+                st.resize_(0)
+            except RuntimeError:
+                return -1  # -EPERM: _bind never binds a storage that cannot be resized
         self._released.add(tensor)
         return 0
 
@@ -281,7 +284,13 @@ class OffloadRuntime:
     # -- bookkeeping ----------------------------------------------------------
     def _bind(self, i: int, st) -> bool:
         """Bind storage `st` to id `i`; False if the runtime refused it (an
-        id or size the trace does not have: the iteration diverged)."""
+        id or size the trace does not have: the iteration diverged) or it
+        cannot be moved: memory PyTorch does not own (torch.frombuffer,
+        torch.from_numpy, some torch.load storages) cannot be resized, so it
+        is only counted (untracked)."""
+        if not st.resizable():
+            self._account(st, st.nbytes())
+            return True
         if L.check(L.tio_runtime_tensor_bind(self._p, i, st.data_ptr(), st.nbytes())) == 0:
             self._bound[i] = (st._cdata, weakref.ref(st))
             return True
@@ -290,12 +299,21 @@ class OffloadRuntime:
     def _bind_globals(self) -> None:
         """Bind every global tensor the trace names whose storage is not the
         one bound (new, or replaced since).  A replaced storage that is
-        still alive somewhere gets its bytes back first."""
+        still alive somewhere gets its bytes back first.  A global tensor
+        over memory PyTorch cannot resize (optimizer.load_state_dict keeps
+        the tensors torch.load made) is moved to a resizable copy first, so
+        the plan can move it."""
         for t, _kind, name in global_tensors(self.model, self.optimizer):
             i = self._by_name.get(name)
             st = t.untyped_storage()
             if i is None or not st.nbytes():
                 continue
+            if not st.resizable():
+                copy = torch.UntypedStorage(st.nbytes(), device=st.device)
+                copy.copy_(st)
+                with torch.no_grad():
+                    t.set_(copy, t.storage_offset(), t.size(), t.stride())
+                st = t.untyped_storage()
             b = self._bound.get(i)
             if b is not None and b[0] == st._cdata:
                 continue

@@ -250,7 +250,6 @@ class Offload:
         log.info("teraio: planned sequence %016x: %d kernels, peak %d bytes, capacity %d, planned %d, "
                  "%d migrations", fp & (2**64 - 1), trace.n_kernels, lt.peak_bytes, cap,
                  plan.planned_peak_bytes, plan.n_migrations)
-        self._use(entry)
 
     def _use(self, entry: _Entry) -> None:
         """Run `entry`'s plan from the next step on."""
@@ -275,12 +274,13 @@ class Offload:
         if expected in self._plans:
             self._plans.move_to_end(expected)
             self._use(self._plans[expected])
-        elif (expected not in self._unplannable and self._seen[expected] >= self.reprofile_after
-              and self._rt is not None):
+        elif expected not in self._unplannable and self._seen[expected] >= self.reprofile_after:
             self._close_runtime()
             self._prof = Profiler(self.model, self.optimizer, name=self.name)
             self._profile_left = 1
             self._counts["reprofiles"] += 1
+        elif self._rt is None:  # after a profiled step: the most recent plan
+            self._use(next(reversed(self._plans.values())))
 
     def _enter(self):
         self._check()
@@ -303,9 +303,6 @@ class Offload:
             if self._profile_left == 0:
                 fp = self._prof.fingerprint
                 self._plan()
-                if self._rt is None:  # not plannable: profile again after K more
-                    self._prof = Profiler(self.model, self.optimizer, name=self.name)
-                    self._profile_left = 1
                 self._after(fp)
         else:
             self._counts["planned"] += 1
