@@ -2,6 +2,7 @@
 #   make         build build/lib/libteraio.so and build/bin/teraio
 #   make test    C unit tests, CLI error tests, ASan+UBSan run, fuzz smoke, pytest
 #   make demo    train a real model with tensors offloaded to SSD (build/demo/)
+#   make demo-sweep  the same model at capacities 0.9 .. 0.1 of its peak (build/demo-sweep/)
 #   make bench   benchmarks (ratios against references measured in the same run)
 SHELL := /bin/bash
 PY := .venv/bin/python
@@ -9,7 +10,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
-.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo bench clean
+.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo demo-sweep bench clean
 
 all: build
 
@@ -51,6 +52,10 @@ test-pip: deps
 
 demo: build
 	$(PY) -m teraio.demo --out build/demo
+
+# The capacity sweep: 0.9 .. 0.1 of the peak (a few minutes); sweep.md is the README's table.
+demo-sweep: build
+	$(PY) -m teraio.demo --sweep --out build/demo-sweep
 
 bench: build
 	@scripts/bench

@@ -4,7 +4,7 @@ import math
 import subprocess
 import sys
 
-from teraio.demo import teraio_bin
+from teraio.demo.report import teraio_bin
 
 SMALL = ["--iterations", "5", "--dim", "192", "--layers", "2", "--heads", "4", "--ffn-dim", "512",
          "--seq-len", "128", "--batch", "4"]

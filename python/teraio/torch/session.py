@@ -131,6 +131,34 @@ class Offload:
         optimizer step)."""
         return _Step(self)
 
+    @property
+    def runtime(self) -> OffloadRuntime | None:
+        """The OffloadRuntime of the plan the next step runs (None while
+        profiling)."""
+        return self._rt
+
+    @property
+    def trace(self):
+        """The trace of the plan in use (None while profiling)."""
+        return self._rt_entry.trace if self._rt_entry else None
+
+    @property
+    def lifetime(self) -> Lifetime | None:
+        return self._rt_entry.lifetime if self._rt_entry else None
+
+    @property
+    def plan(self) -> Plan | None:
+        return self._rt_entry.plan if self._rt_entry else None
+
+    @property
+    def engine(self) -> Engine | None:
+        return self._engine
+
+    @property
+    def ssd_gbps(self) -> tuple[float, float] | None:
+        """(read, write) GB/s the engine measured (None before the first plan)."""
+        return self._gbps
+
     def fetch_all(self) -> None:
         """Bring every offloaded tensor back now."""
         self._check()
