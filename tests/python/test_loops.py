@@ -12,7 +12,7 @@ import torch
 
 import teraio.torch
 
-from test_hf_models import STEPS, assert_within_capacity, tiny_batches, tiny_model
+from test_hf_models import STEPS, assert_within_capacity, hf_step as plain_step, tiny_batches, tiny_model
 
 pytest.importorskip("transformers")
 
@@ -57,14 +57,6 @@ def assert_loops_equal(a, b):
         assert torch.equal(p, q)
         for k, v in a[3].state[p].items():
             assert torch.equal(v, b[3].state[q][k])
-
-
-def plain_step(model, opt, batch):
-    opt.zero_grad()
-    loss = model(input_ids=batch, labels=batch).loss
-    loss.backward()
-    opt.step()
-    return loss
 
 
 def test_gradient_accumulation(ssd_dir):
