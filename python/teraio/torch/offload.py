@@ -101,7 +101,7 @@ class _Mode(TorchDispatchMode):
         by_key = rt._ids.by_key
         for t in iter_tensors(out):
             st = t.untyped_storage()
-            sizes.append(st.nbytes())
+            sizes.append((st.nbytes(), t.shape))
             if st._cdata not in by_key:
                 rt._new(st)
         rt._signature.append((name, tuple(sizes)))

@@ -80,7 +80,7 @@ class _Recorder(TorchDispatchMode):
         sizes = []
         for t in iter_tensors(out):
             st = t.untyped_storage()
-            sizes.append(st.nbytes())
+            sizes.append((st.nbytes(), t.shape))
             i = p._id_of(st)
             if i is not None:
                 acc[i] = acc.get(i, 0) | WRITE
@@ -95,7 +95,7 @@ class _Recorder(TorchDispatchMode):
 
 def sequence_fingerprint(signature: list) -> int:
     """The fingerprint of an iteration's operator sequence: its kernels'
-    names and the sizes of their outputs' storages, in order.  Two
+    names and their outputs' storage sizes and shapes, in order.  Two
     iterations with the same fingerprint run the same plan; a batch of
     another size or a new sequence length changes it.  (Python's hash: valid
     within one process, which is where plans are kept.)"""

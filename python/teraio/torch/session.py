@@ -15,8 +15,8 @@ What it does, step by step:
 2. The engine is created over the ``ssd`` directories, its read and write
    bandwidth measured, and the planner (libteraio's default) plans for
    ``capacity``: bytes, or a share of the profiled peak.  The plan is kept
-   under the fingerprint of the step's operator sequence (kernel names and
-   output sizes, teraio.torch.profiler.sequence_fingerprint).
+   under the fingerprint of the step's operator sequence (kernel names,
+   output sizes and shapes, teraio.torch.profiler.sequence_fingerprint).
 3. Later steps run under an :class:`~teraio.torch.OffloadRuntime` for the plan
    of the sequence the step is expected to run: the one that followed the
    previous step's sequence last time (so training steps alternating with
