@@ -406,7 +406,9 @@ class OffloadRuntime:
             self._guard_pushed = False
 
     def _before_state_dict(self) -> None:
-        if self._p and self.safe and not self._in_iteration:
+        """state_dict() hands out the live tensors: all of them resident (in
+        an iteration too, where it costs the plan its memory savings)."""
+        if self._p and self.safe:
             self.fetch_all()
 
     def _after_load(self) -> None:
