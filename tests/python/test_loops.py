@@ -180,3 +180,41 @@ def test_new_sequence_is_profiled_and_its_plan_kept(ssd_dir):
     assert r["plan_switches"] == 5  # after steps 7, 8, 9, 10 and 11
     assert sorted(p["iterations"] for p in r["plans"]) == [2, 7]  # 8, 10 and 2-5, 7, 9, 11
     assert all(p["fits"] for p in r["plans"])
+
+
+def test_offload_call_refuses_bad_use(ssd_dir):
+    """The one call's misuse is one clear error each: bad options, a
+    capacity below the working-set floor (named when the plan is made),
+    a step inside a step, use from another thread or after close()."""
+    import threading
+
+    from test_offload import _batches, _small_job, _small_step
+
+    model, opt = _small_job()
+    for kwargs, err, says in [({"capacity": 0}, ValueError, "capacity must be > 0"),
+                              ({"capacity": 1.5}, ValueError, "share of the peak must be in (0, 1]"),
+                              ({"capacity": "half"}, TypeError, "capacity must be bytes"),
+                              ({"capacity": 0.5, "ssd": ssd_dir}, ValueError, "list of one or more"),
+                              ({"capacity": 0.5, "max_plans": 0}, ValueError, "max_plans must be")]:
+        kwargs.setdefault("ssd", [ssd_dir])
+        with pytest.raises(err, match=says.replace("(", r"\(").replace(")", r"\)")):
+            teraio.torch.offload(model, opt, **kwargs)
+    batches = _batches([4] * 3)
+    off = teraio.torch.offload(model, opt, capacity=4096, ssd=[ssd_dir])  # below the floor
+    with off.step():
+        _small_step(model, opt, batches[0])
+    with pytest.raises(ValueError, match="no plan for capacity 4096 bytes: "):
+        with off.step():
+            _small_step(model, opt, batches[1])
+    with pytest.raises(RuntimeError, match="already running"):
+        with off.step():
+            with off.step():
+                pass
+    errors = []
+    th = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, off.report)))
+    th.start()
+    th.join()
+    assert "another thread" in str(errors[0].value)
+    off.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        off.step().__enter__()

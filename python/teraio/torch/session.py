@@ -262,6 +262,7 @@ class Offload:
                               ssd_write_gbps=wg * self.bandwidth_share, host_cap_bytes=self.host_cap_bytes)
         except L.TeraioError as e:
             if not self._plans:
+                self._profile_left = 1  # the next step is profiled again
                 raise ValueError(f"teraio.torch.offload: no plan for capacity {cap} bytes: {e}") from e
             self._unplannable[fp] = str(e)
             log.warning("teraio: the sequence %016x cannot be planned (%s); it runs on demand",
