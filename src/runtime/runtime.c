@@ -43,7 +43,7 @@
  * and closes at the next kernel_begin or iteration_end; every growth inside
  * an open window is checked against the peak and the capacity.
  *
- * Placement at iteration_begin: `initial[id]` is where tensor id is at
+ * Placement at iteration_begin: a tensor's `at0` is where it is at
  * kernel 0 in the plan's steady state (resident, its offload's write in
  * flight, or away), computed once at create from the tensor's migrations.
  * Each iteration_begin compares it with the tensor's state and moves what
