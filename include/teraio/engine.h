@@ -40,22 +40,13 @@
  * failed"): a failed write never passes for stored data.  Reads of another
  * length than the last write are not checked.
  *
- * Environment (read by tio_engine_create):
+ * Environment (read once, by tio_engine_create):
  *   TIO_ENGINE_BACKEND=auto|io_uring|psync  overrides options.backend, e.g.
- *       for systems whose seccomp filter breaks io_uring in odd ways.
- *   TIO_ENGINE_FAULT=<eio|enospc|short|delay>:<read|write>:<N>[:<MS>]  fault
- *       injection for tests, inert unless set: the N-th chunk (1-based,
- *       counted per engine in submission order; a chunk is one piece of a
- *       request, at most request_bytes, within one stripe unit) of that kind
- *       fails with -EIO or -ENOSPC without touching the disk, or ("short")
- *       reports half its bytes transferred, which the retry logic must then
- *       complete, or ("delay") starts MS milliseconds late (default 100;
- *       other chunks keep moving meanwhile).  MS is accepted for delay only.
- *   TIO_ENGINE_PROBE_FAIL=<odirect|io_uring|memlock>[,...]  test hook, inert
- *       unless set: make the probe behave as if the file system refused
- *       O_DIRECT (EINVAL), the kernel refused io_uring (EPERM), or buffer
- *       registration hit RLIMIT_MEMLOCK (ENOMEM), to exercise each fallback.
- *   An invalid value of any of them makes create fail with -EINVAL.
+ *       for systems whose seccomp filter breaks io_uring in odd ways.  An
+ *       invalid value makes create fail with -EINVAL.
+ * Fault injection and forced probe refusals for tests are not reachable from
+ * here or from the environment: tests pass them explicitly (the private
+ * src/engine/engine_test.h).
  *
  * Every completion's length is checked; short transfers are resubmitted for
  * the rest; EINTR/EAGAIN are retried; any other error completes the request
@@ -84,7 +75,8 @@ typedef enum {
 typedef struct {
     const char *const *dirs;  /* SSD directories (must exist, be writable) */
     uint32_t n_dirs;          /* >= 1 */
-    uint64_t capacity_bytes;  /* total space to preallocate, split over dirs */
+    uint64_t space_bytes;     /* SSD space to preallocate, split over dirs (not
+                                 the plan's capacity_bytes, the device budget) */
     uint32_t stripe_bytes;    /* striping unit, multiple of 4 KiB; default 1 MiB */
     uint32_t queue_depth;     /* in-flight requests per directory, <= 4096;
                                  default 32 */
@@ -94,7 +86,7 @@ typedef struct {
     bool checksum;            /* CRC32C per extent (see above); default off */
 } tio_engine_options;
 
-/* Defaults for everything except dirs/n_dirs/capacity_bytes.  create also
+/* Defaults for everything except dirs/n_dirs/space_bytes.  create also
  * treats 0 in stripe_bytes, queue_depth or request_bytes as the default. */
 TIO_API void tio_engine_options_default(tio_engine_options *opt);
 
@@ -108,7 +100,7 @@ typedef struct {
 
 /* Create the engine: check each directory, create and preallocate the
  * backing files, probe the backend.  `opt->dirs` is copied: it need not
- * outlive the call.  The logical space is capacity_bytes rounded up to
+ * outlive the call.  The logical space is space_bytes rounded up to
  * 4 KiB.
  * Returns 0; -ENOENT / -ENOTDIR / -EACCES (a directory missing or not
  * writable: message names it); -ENOSPC (cannot preallocate); -EPROTONOSUPPORT
@@ -160,7 +152,7 @@ TIO_API int tio_engine_unregister_buffer(tio_engine *engine, void *addr);
 /* Space accounting of the extent allocator.  Fragmentation shows as
  * largest_free_bytes < free_bytes (1 - largest/free is the usual measure). */
 typedef struct {
-    uint64_t capacity_bytes;      /* the logical space (capacity rounded up) */
+    uint64_t space_bytes;         /* the logical space (space_bytes rounded up) */
     uint64_t free_bytes;          /* sum of the free ranges */
     uint64_t largest_free_bytes;  /* the largest allocation that can succeed */
     uint32_t free_extents;        /* number of free ranges (never touching) */

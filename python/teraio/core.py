@@ -180,13 +180,13 @@ BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2}
 class Engine:
     """The storage engine over one or more SSD directories (include/teraio/engine.h)."""
 
-    def __init__(self, dirs: Sequence[str], capacity_bytes: int, backend: str = "auto"):
+    def __init__(self, dirs: Sequence[str], space_bytes: int, backend: str = "auto"):
         opt = L.EngineOptions()
         L.tio_engine_options_default(ctypes.byref(opt))
         self._dirs = (ctypes.c_char_p * len(dirs))(*[os.fsencode(d) for d in dirs])
         opt.dirs = self._dirs
         opt.n_dirs = len(dirs)
-        opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
+        opt.space_bytes = _u64("space_bytes", space_bytes, 1)
         opt.backend = BACKENDS[backend]
         self._p = ctypes.c_void_p()
         L.check(L.tio_engine_create(ctypes.byref(opt), ctypes.byref(self._p)))

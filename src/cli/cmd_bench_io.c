@@ -37,7 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -116,13 +115,6 @@ static void progress(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fflush(stderr);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static double cpu_s(void)
@@ -206,7 +198,7 @@ static int engine_open(engine_side *s, const bench_args *a)
     tio_engine_options_default(&opt);
     opt.dirs = a->dirs;
     opt.n_dirs = a->n_dirs;
-    opt.capacity_bytes = a->size;
+    opt.space_bytes = a->size;
     opt.stripe_bytes = (uint32_t)a->bs;
     opt.request_bytes = (uint32_t)a->bs;
     opt.queue_depth = a->qd;
@@ -246,7 +238,8 @@ static int engine_pass(engine_side *s, int op, sample *out)
     for (uint32_t i = 0; i < s->n_bufs; i++)
         free_slots[i] = i;
     tio_completion comp[128];
-    double t0 = now_s(), c0 = cpu_s();
+    uint64_t t0 = tio_now_ns();
+    double c0 = cpu_s();
     while (done < n_req) {
         while (next < n_req && n_free > 0) {
             uint32_t slot = free_slots[--n_free];
@@ -269,7 +262,7 @@ static int engine_pass(engine_side *s, int op, sample *out)
         }
         done += (uint64_t)n;
     }
-    double dt = now_s() - t0, cpu = cpu_s() - c0;
+    double dt = (double)(tio_now_ns() - t0) * 1e-9, cpu = cpu_s() - c0;
     out->gbps = (double)a->size / dt / 1e9;
     out->cpu_per_gib = cpu / ((double)a->size / GIB);
     return 0;

@@ -25,16 +25,11 @@
 #include <pthread.h>
 
 #include "common/util.h"
+#include "engine/engine_test.h"
 #include "teraio/engine.h"
 
 enum { TIO_OP_READ = 0, TIO_OP_WRITE = 1 };
 enum { TIO_CLASS_URGENT = 0, TIO_CLASS_NORMAL = 1, TIO_N_CLASSES = 2 };
-
-/* Fault injection (TIO_ENGINE_FAULT): what happens to the chosen chunk. */
-enum { TIO_FAULT_NONE = 0, TIO_FAULT_EIO, TIO_FAULT_ENOSPC, TIO_FAULT_SHORT, TIO_FAULT_DELAY };
-
-/* Probe refusals forced by TIO_ENGINE_PROBE_FAIL (bit mask). */
-enum { TIO_PROBE_FAIL_ODIRECT = 1, TIO_PROBE_FAIL_URING = 2, TIO_PROBE_FAIL_MEMLOCK = 4 };
 
 /* Extent states kept by the allocator for checksums. */
 enum { TIO_XS_EMPTY = 0, TIO_XS_WRITING, TIO_XS_VALID, TIO_XS_FAILED };
@@ -57,7 +52,7 @@ typedef struct tio_chunk {
     tio_dir *dir;
     uint8_t op;             /* TIO_OP_READ / TIO_OP_WRITE */
     uint8_t cls;            /* TIO_CLASS_* */
-    uint8_t fault;          /* TIO_FAULT_*, consumed by the first attempt */
+    uint8_t fault;          /* TIO_FAULT_* (test hook), consumed by the first attempt */
     uint32_t bounce_slot;   /* index of `bounce` in its directory's slab */
     uint64_t file_off;      /* where the chunk starts in the backing file */
     uint32_t io_len;        /* bytes moved on disk (user_len rounded up to 4 KiB
@@ -91,6 +86,21 @@ struct tio_req {
 };
 
 struct tio_uring;           /* defined by backend_uring.c */
+
+/* What the front end needs from a backend; one table per backend
+ * (tio_uring_ops, tio_psync_ops), chosen at create. */
+typedef struct {
+    tio_backend id;
+    /* Start the backend's threads (and rings) for every directory.  On
+     * failure returns -errno with `why` describing it; nothing is left
+     * started. */
+    int (*start)(tio_engine *engine, char *why, size_t why_len);
+    /* Work may be available on `dir` (new chunks, or a bounce buffer came
+     * back); dir->mu held. */
+    void (*kick)(tio_dir *dir);
+    /* All requests finished: stop the threads (and close the rings). */
+    void (*stop)(tio_engine *engine);
+} tio_backend_ops;
 
 struct tio_dir {
     tio_engine *engine;
@@ -127,9 +137,9 @@ typedef struct {
     uint8_t state;          /* TIO_XS_* */
 } tio_used_extent;
 
-/* Sorted free list and sorted list of allocated extents over [0, capacity). */
+/* Sorted free list and sorted list of allocated extents over [0, space_bytes). */
 typedef struct {
-    uint64_t capacity;
+    uint64_t space_bytes;
     tio_extent *free;
     uint32_t n_free, cap_free;
     tio_used_extent *used;
@@ -148,6 +158,7 @@ typedef struct {
 struct tio_engine {
     tio_engine_options opt;
     tio_backend backend;
+    const tio_backend_ops *ops; /* the backend in use */
     char reason[512];
     tio_dir *dirs;
     uint32_t n_dirs;
@@ -155,13 +166,10 @@ struct tio_engine {
     uint32_t bounce_bytes;  /* size of each bounce buffer */
     uint32_t n_bounce;      /* bounce buffers per directory */
 
-    /* Fault injection, parsed from TIO_ENGINE_FAULT at create. */
-    uint8_t fault_kind;
-    uint8_t fault_op;
-    uint64_t fault_nth;
-    uint32_t fault_delay_ms;
-    uint64_t chunk_count[2]; /* chunks created per op (caller thread only) */
-    uint32_t probe_fail;     /* TIO_PROBE_FAIL_* from TIO_ENGINE_PROBE_FAIL */
+    /* Test hooks (engine_test.h), all zero outside tests. */
+    tio_engine_test_options test;
+    uint64_t chunk_count[2]; /* chunks created per op, for test.fault_nth
+                                (caller thread only) */
 
     /* io_uring registration.  `regions` is written by the caller's thread
      * with every directory's mutex held and read under any one of them. */
@@ -181,7 +189,7 @@ struct tio_engine {
 };
 
 /* extent_map.c */
-int tio_extent_map_init(tio_extent_map *map, uint64_t capacity);
+int tio_extent_map_init(tio_extent_map *map, uint64_t space_bytes);
 void tio_extent_map_fini(tio_extent_map *map);
 int tio_extent_map_alloc(tio_extent_map *map, uint64_t bytes, tio_extent *out);
 int tio_extent_map_free(tio_extent_map *map, const tio_extent *extent);
@@ -214,16 +222,40 @@ tio_chunk *tio_dir_pop(tio_dir *dir);
 /* Push a chunk back to the front of its op's urgent queue; dir->mu held. */
 void tio_dir_push_front(tio_dir *dir, tio_chunk *chunk);
 
-/* backend_uring.c: probe and start one ring + completion thread per dir,
- * registering the backing file and the bounce slab (a refused registration
- * only turns fixed files/buffers off and appends the reason).  On failure
- * returns -errno with `why` describing it; nothing is left started. */
-int tio_uring_start(tio_engine *engine, char *why, size_t why_len);
+/* backend_uring.c: one ring + completion thread per dir; start probes each
+ * ring and registers the backing file and the bounce slab (a refused
+ * registration only turns fixed files/buffers off and appends the reason).
+ * Built without liburing, start always refuses. */
+extern const tio_backend_ops tio_uring_ops;
 /* Register / clear slots [slot, slot + n) of every ring; `iov` NULL clears.
  * Returns 0 or -errno (the memlock message is the caller's). */
 struct iovec;
 int tio_uring_update_slots(tio_engine *engine, uint32_t slot, const struct iovec *iov,
                            uint32_t n);
+
+/* backend_psync.c: a few pread/pwrite worker threads per dir. */
+extern const tio_backend_ops tio_psync_ops;
+
+/* backing_file.c: create dir->file (a fresh unique name), preallocate it
+ * and probe it with a real aligned write and read, falling back to
+ * buffered I/O when the file system refuses O_DIRECT.  Returns 0 or -errno
+ * (message names the file). */
+int tio_backing_file_open(tio_engine *engine, tio_dir *dir, unsigned seq);
+/* Check that `path` is a writable directory: 0, or -ENOENT / -ENOTDIR /
+ * -EACCES / -errno naming it. */
+int tio_dir_check(const char *path);
+/* Close and (if we created it) delete it. */
+void tio_backing_file_close(tio_dir *dir);
+
+/* fault.c: check test options (NULL: none) into *out.  Mark chunk `c` (just built, op `op`) if the test options pick
+ * it; caller thread.  And the fault's effect on one transfer attempt that
+ * moved `*res` bytes: true when the attempt is to be retried as is (an
+ * injected delay is over), else *res may be replaced by the injected
+ * outcome. */
+int tio_engine_test_check(const tio_engine_test_options *in, tio_engine_test_options *out);
+void tio_fault_arm(tio_engine *engine, tio_chunk *c);
+bool tio_fault_apply(tio_chunk *c, int64_t *res);
+
 /* engine.c: back the 2 MiB-aligned part of [addr, addr + bytes) with
  * transparent huge pages where the kernel can (MADV_HUGEPAGE, then
  * MADV_COLLAPSE for pages already present); best effort, no error. */
@@ -232,14 +264,5 @@ void tio_request_huge_pages(void *addr, uint64_t bytes);
 void tio_engine_append_reason(tio_engine *engine, const char *text);
 /* engine.c: the RLIMIT_MEMLOCK message for registering `bytes`. */
 void tio_memlock_message(char *out, size_t len, uint64_t bytes);
-/* New chunks are pending on `dir`; dir->mu held. */
-void tio_uring_kick(tio_dir *dir);
-/* All requests finished: stop the threads and close the rings. */
-void tio_uring_stop(tio_engine *engine);
-
-/* backend_psync.c */
-int tio_psync_start(tio_engine *engine, char *why, size_t why_len);
-void tio_psync_kick(tio_dir *dir);
-void tio_psync_stop(tio_engine *engine);
 
 #endif

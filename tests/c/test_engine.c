@@ -6,8 +6,8 @@
  * request boundaries), the exact placement of bytes in the backing files
  * given by the striping formula, exact extent offsets from the allocator,
  * exact error codes and messages.  Data-path tests run once per backend
- * (io_uring, psync).  Faults are injected through TIO_ENGINE_FAULT, probe
- * refusals through TIO_ENGINE_PROBE_FAIL, corruption by writing into a
+ * (io_uring, psync).  Faults and probe refusals are injected through the
+ * engine's test hooks (engine/engine_test.h), corruption by writing into a
  * backing file behind the engine's back.
  * Temporary directories live under $TIO_TEST_TMPDIR (default /tmp).
  */
@@ -36,6 +36,19 @@
 
 static char g_root[PATH_MAX], g_d0[PATH_MAX + 8], g_d1[PATH_MAX + 8];
 static tio_backend g_uring = TIO_BACKEND_IO_URING, g_psync = TIO_BACKEND_PSYNC;
+/* Test hooks for the engines the helpers below create; zero: none. */
+static tio_engine_test_options g_hooks;
+
+/* Arm a fault ("eio:write:2", ...) for the next engines; NULL disarms it. */
+static void set_fault(const char *spec)
+{
+    uint32_t probe_fail = g_hooks.probe_fail;
+    if (spec)
+        assert_int_equal(tio_engine_test_options_parse(spec, &g_hooks), 0);
+    else
+        memset(&g_hooks, 0, sizeof g_hooks);
+    g_hooks.probe_fail = probe_fail;
+}
 
 static void mkdir_p(const char *path)
 {
@@ -94,7 +107,7 @@ static tio_engine *make_engine(tio_backend backend, uint32_t n_dirs, uint64_t ca
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = n_dirs;
-    opt.capacity_bytes = capacity;
+    opt.space_bytes = capacity;
     if (stripe)
         opt.stripe_bytes = stripe;
     if (request)
@@ -103,7 +116,7 @@ static tio_engine *make_engine(tio_backend backend, uint32_t n_dirs, uint64_t ca
         opt.queue_depth = queue_depth;
     opt.backend = backend;
     tio_engine *e = NULL;
-    int rc = tio_engine_create(&opt, &e);
+    int rc = tio_engine_create_test(&opt, &g_hooks, &e);
     if (rc == -EPROTONOSUPPORT && backend == TIO_BACKEND_IO_URING) {
         print_message("io_uring refused here, test skipped: %s\n", tio_last_error());
         skip();
@@ -122,9 +135,9 @@ static int create_in(const char *dir, tio_backend backend, tio_engine **e)
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = 1;
-    opt.capacity_bytes = MIB;
+    opt.space_bytes = MIB;
     opt.backend = backend;
-    return tio_engine_create(&opt, e);
+    return tio_engine_create_test(&opt, &g_hooks, e);
 }
 
 /* A buffer of n bytes with a guard byte before and after; offset 0 or 1
@@ -394,9 +407,9 @@ static void test_destroy_with_requests_in_flight(void **state)
 
 static tio_engine *make_faulty(tio_backend backend, const char *fault)
 {
-    setenv("TIO_ENGINE_FAULT", fault, 1);
+    set_fault(fault);
     tio_engine *e = make_engine(backend, 1, 8 * MIB, 0, 0, 0);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     return e;
 }
 
@@ -498,18 +511,42 @@ static void test_injected_short(void **state)
     }
 }
 
+/* Test hooks out of range are refused, as spec strings and as values. */
 static void test_bad_fault_spec(void **state)
 {
+    tio_engine_test_options t;
+    static const char *const bad[] = {"eio:write:0", "melt:write:1", "delay:read:1:",
+                                      "delay:read:1:x", "eio:read:1:5", "delay:read:1:60001",
+                                      "short:read:2x", "eio:append:1", NULL};
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(tio_engine_test_options_parse(bad[i], &t), -EINVAL);
+        assert_int_equal(t.fault, TIO_FAULT_NONE);
+    }
+    assert_string_equal(tio_last_error(), "fault '': expected <eio|enospc|short|delay>:"
+                        "<read|write>:<N> with N >= 1 (delay: optionally :<MS> from 1 to 60000)");
+    assert_int_equal(tio_engine_test_options_parse("delay:read:7:250", &t), 0);
+    assert_int_equal(t.fault, TIO_FAULT_DELAY);
+    assert_int_equal(t.fault_op, TIO_OP_READ);
+    assert_int_equal(t.fault_nth, 7);
+    assert_int_equal(t.fault_delay_ms, 250);
+
     tio_engine *e = NULL;
-    setenv("TIO_ENGINE_FAULT", "eio:write:0", 1);
-    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), -EINVAL);
-    setenv("TIO_ENGINE_FAULT", "melt:write:1", 1);
-    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), -EINVAL);
-    assert_string_equal(tio_last_error(), "TIO_ENGINE_FAULT='melt:write:1': expected "
-                        "<eio|enospc|short|delay>:<read|write>:<N> with N >= 1 (delay: "
-                        "optionally :<MS> up to 60000)");
-    unsetenv("TIO_ENGINE_FAULT");
-    assert_null(e);
+    const tio_engine_test_options wrong[] = {
+        {.fault = TIO_FAULT_EIO, .fault_op = TIO_OP_WRITE, .fault_nth = 0},
+        {.fault = TIO_FAULT_DELAY + 1, .fault_op = TIO_OP_WRITE, .fault_nth = 1},
+        {.fault = TIO_FAULT_EIO, .fault_op = 2, .fault_nth = 1},
+        {.fault = TIO_FAULT_EIO, .fault_op = TIO_OP_READ, .fault_nth = 1, .fault_delay_ms = 5},
+        {.fault = TIO_FAULT_DELAY, .fault_op = TIO_OP_READ, .fault_nth = 1,
+         .fault_delay_ms = 60001},
+        {.probe_fail = 8},
+    };
+    for (int i = 0; i < 6; i++) {
+        g_hooks = wrong[i];
+        assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), -EINVAL);
+        assert_non_null(strstr(tio_last_error(), "engine test options: "));
+        assert_null(e);
+    }
+    memset(&g_hooks, 0, sizeof g_hooks);
 }
 
 /* ---- allocator -------------------------------------------------------- */
@@ -602,7 +639,7 @@ static void test_dir_errors(void **state)
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = 2;
-    opt.capacity_bytes = MIB;
+    opt.space_bytes = MIB;
     assert_int_equal(tio_engine_create(&opt, &e), -ENOENT);
     assert_int_equal(rmdir(g_d0), 0);
     assert_int_equal(mkdir(g_d0, 0755), 0);
@@ -612,7 +649,7 @@ static void test_dir_errors(void **state)
     opt.stripe_bytes = 1000;
     assert_int_equal(tio_engine_create(&opt, &e), -EINVAL);
     opt.stripe_bytes = 0;
-    opt.capacity_bytes = 0;
+    opt.space_bytes = 0;
     assert_int_equal(tio_engine_create(&opt, &e), -EINVAL);
 }
 
@@ -756,9 +793,9 @@ static void test_fault_matrix(void **state)
             char spec[64];
             snprintf(spec, sizeof spec, "%s:%s:%llu%s", kinds[k], op ? "read" : "write",
                      (unsigned long long)before + 3, k == 3 ? ":30" : "");
-            setenv("TIO_ENGINE_FAULT", spec, 1);
+            set_fault(spec);
             tio_engine *e = make_engine(backend, 2, 2 * MIB, 64 * KIB, 64 * KIB, 0);
-            unsetenv("TIO_ENGINE_FAULT");
+            set_fault(NULL);
             tio_extent x[FM_N];
             buf_t src[FM_N], dst[FM_N];
             for (int i = 0; i < FM_N; i++) {
@@ -806,9 +843,9 @@ static void test_fault_matrix(void **state)
 static void test_delay_lets_others_pass(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
-    setenv("TIO_ENGINE_FAULT", "delay:write:1:300", 1);
+    set_fault("delay:write:1:300");
     tio_engine *e = make_engine(backend, 1, 4 * MIB, 0, 0, 0);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     tio_extent a, b;
     assert_int_equal(tio_engine_alloc(e, 8192, &a), 0);
     assert_int_equal(tio_engine_alloc(e, 8192, &b), 0);
@@ -840,9 +877,9 @@ static void test_delay_lets_others_pass(void **state)
 static void test_read_write_queues_alternate(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
-    setenv("TIO_ENGINE_FAULT", "delay:write:5:200", 1);
+    set_fault("delay:write:5:200");
     tio_engine *e = make_engine(backend, 1, 4 * MIB, 0, 0, 1);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     tio_extent x[8];
     buf_t b = buf_new(8 * 4096, 0);
     fill(b.p, 8 * 4096, 3);
@@ -959,12 +996,12 @@ static void test_registered_huge_pages(void **state)
 
 /* ---- probe fallbacks, forced ------------------------------------------ */
 
-static tio_engine *create_with_probe_fail(const char *what, tio_backend backend)
+static tio_engine *create_with_probe_fail(uint32_t what, tio_backend backend)
 {
-    setenv("TIO_ENGINE_PROBE_FAIL", what, 1);
+    g_hooks.probe_fail = what;
     tio_engine *e = NULL;
     int rc = create_in(g_d0, backend, &e);
-    unsetenv("TIO_ENGINE_PROBE_FAIL");
+    g_hooks.probe_fail = 0;
     if (rc)
         print_error("create: %s\n", tio_last_error());
     assert_int_equal(rc, 0);
@@ -988,22 +1025,22 @@ static void test_probe_refusals(void **state)
 {
     char want[PATH_MAX + 64];
     /* O_DIRECT refused: buffered I/O, said so, and it works. */
-    tio_engine *e = create_with_probe_fail("odirect", TIO_BACKEND_AUTO);
+    tio_engine *e = create_with_probe_fail(TIO_PROBE_FAIL_ODIRECT, TIO_BACKEND_AUTO);
     snprintf(want, sizeof want, "buffered I/O: O_DIRECT refused by %s", g_d0);
     assert_non_null(strstr(tio_engine_backend_reason(e), want));
     roundtrip_70000(e);
     tio_engine_destroy(e);
 
     /* io_uring refused: the thread pool, with the reason. */
-    e = create_with_probe_fail("io_uring", TIO_BACKEND_AUTO);
+    e = create_with_probe_fail(TIO_PROBE_FAIL_URING, TIO_BACKEND_AUTO);
     assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
     assert_string_equal(tio_engine_backend_reason(e), "psync: io_uring_queue_init: Operation not "
-                        "permitted (forced by TIO_ENGINE_PROBE_FAIL)");
+                        "permitted (forced by a test hook)");
     roundtrip_70000(e);
     tio_engine_destroy(e);
-    setenv("TIO_ENGINE_PROBE_FAIL", "io_uring", 1);
+    g_hooks.probe_fail = TIO_PROBE_FAIL_URING;
     assert_int_equal(create_in(g_d0, TIO_BACKEND_IO_URING, &e), -EPROTONOSUPPORT);
-    unsetenv("TIO_ENGINE_PROBE_FAIL");
+    g_hooks.probe_fail = 0;
 
     /* Registration over RLIMIT_MEMLOCK: io_uring without fixed buffers, a
      * message naming the limit and the fix. */
@@ -1012,14 +1049,14 @@ static void test_probe_refusals(void **state)
         print_message("io_uring refused here, memlock case skipped\n");
     } else {
         tio_engine_destroy(e);
-        e = create_with_probe_fail("memlock", TIO_BACKEND_IO_URING);
+        e = create_with_probe_fail(TIO_PROBE_FAIL_MEMLOCK, TIO_BACKEND_IO_URING);
         assert_false(tio_engine_fixed_buffers(e));
         assert_true(tio_engine_fixed_files(e));
         const char *why = tio_engine_backend_reason(e);
         assert_non_null(strstr(why, "fixed buffers off: io_uring could not pin"));
         assert_non_null(strstr(why, "RLIMIT_MEMLOCK is "));
         assert_non_null(strstr(why, "ulimit -l unlimited"));
-        assert_non_null(strstr(why, "(forced by TIO_ENGINE_PROBE_FAIL)"));
+        assert_non_null(strstr(why, "(forced by a test hook)"));
         buf_t b = buf_new(4096, 0);
         assert_int_equal(tio_engine_register_buffer(e, b.p, 4096), 0); /* records nothing */
         roundtrip_70000(e);
@@ -1027,25 +1064,12 @@ static void test_probe_refusals(void **state)
         tio_engine_destroy(e);
     }
 
-    /* All three at once, and bad values. */
-    e = create_with_probe_fail("odirect,io_uring,memlock", TIO_BACKEND_AUTO);
+    /* All three at once. */
+    e = create_with_probe_fail(TIO_PROBE_FAIL_ODIRECT | TIO_PROBE_FAIL_URING |
+                               TIO_PROBE_FAIL_MEMLOCK, TIO_BACKEND_AUTO);
     assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
     roundtrip_70000(e);
     tio_engine_destroy(e);
-    static const char *const bad[] = {"ssd", "odirect,", "io_uring,,memlock", "ODIRECT"};
-    for (int i = 0; i < 4; i++) {
-        setenv("TIO_ENGINE_PROBE_FAIL", bad[i], 1);
-        assert_int_equal(create_in(g_d0, TIO_BACKEND_AUTO, &e), -EINVAL);
-        assert_non_null(strstr(tio_last_error(), "TIO_ENGINE_PROBE_FAIL="));
-    }
-    unsetenv("TIO_ENGINE_PROBE_FAIL");
-    static const char *const bad_fault[] = {"delay:read:1:", "delay:read:1:x", "eio:read:1:5",
-                                            "delay:read:1:60001", "short:read:2x"};
-    for (int i = 0; i < 5; i++) {
-        setenv("TIO_ENGINE_FAULT", bad_fault[i], 1);
-        assert_int_equal(create_in(g_d0, TIO_BACKEND_AUTO, &e), -EINVAL);
-    }
-    unsetenv("TIO_ENGINE_FAULT");
 }
 
 /* ---- checksums -------------------------------------------------------- */
@@ -1076,12 +1100,12 @@ static tio_engine *make_checked(tio_backend backend)
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = 2;
-    opt.capacity_bytes = 8 * MIB;
+    opt.space_bytes = 8 * MIB;
     opt.stripe_bytes = 64 * KIB;
     opt.backend = backend;
     opt.checksum = true;
     tio_engine *e = NULL;
-    int rc = tio_engine_create(&opt, &e);
+    int rc = tio_engine_create_test(&opt, &g_hooks, &e);
     if (rc == -EPROTONOSUPPORT)
         skip();
     assert_int_equal(rc, 0);
@@ -1151,9 +1175,9 @@ static void test_checksum_detects_corruption(void **state)
 static void test_checksum_failed_write(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
-    setenv("TIO_ENGINE_FAULT", "eio:write:2", 1);
+    set_fault("eio:write:2");
     tio_engine *e = make_checked(backend);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     const uint64_t n = 128 * KIB;
     tio_extent x;
     assert_int_equal(tio_engine_alloc(e, n, &x), 0);
@@ -1181,7 +1205,7 @@ static void test_space_stats(void **state)
     tio_engine *e = make_engine(TIO_BACKEND_PSYNC, 2, MIB, 0, 0, 0);
     tio_engine_space sp;
     tio_engine_space_stats(e, &sp);
-    assert_int_equal(sp.capacity_bytes, MIB);
+    assert_int_equal(sp.space_bytes, MIB);
     assert_int_equal(sp.free_bytes, MIB);
     assert_int_equal(sp.largest_free_bytes, MIB);
     assert_int_equal(sp.free_extents, 1);

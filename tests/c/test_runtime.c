@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "engine/engine_test.h"
 #include "teraio/runtime.h"
 
 #define N_TENSORS 3
@@ -130,7 +131,7 @@ static bool has_pattern(const void *buf, uint64_t bytes, unsigned seed)
 typedef struct {
     tio_backend backend;
     uint64_t engine_bytes; /* 0: no engine */
-    const char *fault;     /* TIO_ENGINE_FAULT while the engine is created */
+    const char *fault;     /* engine test hook: a fault spec (engine_test.h) */
     bool host_only;        /* plan only the host-tier migrations of T2 */
     bool staged;           /* transfers go through staging callbacks */
 } fixture_options;
@@ -227,13 +228,12 @@ static int fixture_setup(void **state, const fixture_options *opt)
         const char *dirs[1] = {f->dir};
         eo.dirs = dirs;
         eo.n_dirs = 1;
-        eo.capacity_bytes = opt->engine_bytes;
+        eo.space_bytes = opt->engine_bytes;
         eo.backend = opt->backend;
+        tio_engine_test_options hooks = {0};
         if (opt->fault)
-            setenv("TIO_ENGINE_FAULT", opt->fault, 1);
-        int rc = tio_engine_create(&eo, &f->engine);
-        unsetenv("TIO_ENGINE_FAULT");
-        assert_int_equal(rc, 0);
+            assert_int_equal(tio_engine_test_options_parse(opt->fault, &hooks), 0);
+        assert_int_equal(tio_engine_create_test(&eo, &hooks, &f->engine), 0);
     }
 
     f->cb = (tio_runtime_callbacks){.ctx = &f->fw, .allocate = fw_allocate, .release = fw_release};
@@ -747,7 +747,7 @@ static void one_global_start(one_global *o, unsigned seed)
     const char *dirs[1] = {o->dir};
     eo.dirs = dirs;
     eo.n_dirs = 1;
-    eo.capacity_bytes = 1u << 20;
+    eo.space_bytes = 1u << 20;
     assert_int_equal(tio_engine_create(&eo, &o->engine), 0);
     o->fw.bytes[0] = G_BYTES;
     o->cb = (tio_runtime_callbacks){.ctx = &o->fw, .allocate = fw_allocate, .release = fw_release};
