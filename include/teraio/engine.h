@@ -32,13 +32,18 @@
  * tio_engine_backend_reason and the log, and carries on with unregistered
  * buffers.
  *
- * Integrity: with options.checksum, a write computes the CRC32C of the
- * bytes written and keeps it with the extent; a read of exactly that many
- * bytes recomputes it and completes with TIO_ECORRUPT ("CRC32C mismatch",
- * naming the tag, the extent and both values) when they differ.  An extent
- * whose last write failed cannot be read (TIO_ECORRUPT, "last write
- * failed"): a failed write never passes for stored data.  Reads of another
- * length than the last write are not checked.
+ * Integrity (options.checksum, on by default): a write computes the CRC32C
+ * of each chunk it wrote and keeps them with the extent; a read of exactly
+ * that many bytes recomputes each chunk's and completes with TIO_ECORRUPT
+ * when one differs: "read from '<file>' at offset <file offset> (<n> bytes):
+ * CRC32C mismatch (written 0x.., read 0x..); tag <tag>, extent at offset
+ * <o> (<n> bytes)" (a bounce-buffered chunk's bytes are then not copied to
+ * the caller).  An extent whose last write failed cannot be read
+ * (TIO_ECORRUPT, "last write failed"): a failed write never passes for
+ * stored data.  Reads of another length than the last write are not
+ * checked.  With checksums on, every request must name an extent exactly as
+ * tio_engine_alloc returned it (-EINVAL otherwise).  The cost is measured in
+ * docs/engine.md.
  *
  * Environment (read once, by tio_engine_create):
  *   TIO_ENGINE_BACKEND=auto|io_uring|psync  overrides options.backend, e.g.
@@ -83,7 +88,7 @@ typedef struct {
     uint32_t request_bytes;   /* max bytes per I/O request, multiple of 4 KiB
                                  up to 1 GiB; default 1 MiB */
     tio_backend backend;      /* default AUTO */
-    bool checksum;            /* CRC32C per extent (see above); default off */
+    bool checksum;            /* CRC32C per chunk (see above); default on */
 } tio_engine_options;
 
 /* Defaults for everything except dirs/n_dirs/space_bytes.  create also
@@ -107,9 +112,17 @@ typedef struct {
  * (backend IO_URING forced but refused); -EINVAL; -ENOMEM. */
 TIO_API int tio_engine_create(const tio_engine_options *opt, tio_engine **out);
 
-/* Wait for in-flight requests, close and delete the backing files.
- * Completions not reaped are dropped.  NULL is a no-op. */
+/* Drop the caller's reference.  The last reference waits for in-flight
+ * requests, closes and deletes the backing files; completions not reaped
+ * are dropped.  NULL is a no-op. */
 TIO_API void tio_engine_destroy(tio_engine *engine);
+
+/* Take one more reference (returns `engine`; NULL stays NULL): the engine
+ * stays open until every reference is dropped with tio_engine_destroy.  A
+ * runtime holds one while it exists, so an engine destroyed by its creator
+ * while a runtime still uses it stays valid until the runtime is destroyed.
+ * The count is atomic; everything else keeps the one-thread rule below. */
+TIO_API tio_engine *tio_engine_retain(tio_engine *engine);
 
 /* The backend in use and, if it is not the preferred one, why
  * (e.g. "psync: io_uring_queue_init: Operation not permitted"; with

@@ -43,6 +43,7 @@ void tio_engine_options_default(tio_engine_options *opt)
     opt->queue_depth = 32;
     opt->request_bytes = MIB;
     opt->backend = TIO_BACKEND_AUTO;
+    opt->checksum = true;
 }
 
 const char *tio_backend_name(tio_backend backend)
@@ -274,6 +275,7 @@ int tio_engine_create_test(const tio_engine_options *opt, const tio_engine_test_
     tio_engine *e = calloc(1, sizeof *e);
     if (!e)
         return tio_fail(-ENOMEM, "engine: out of memory");
+    atomic_init(&e->refs, 1);
     e->opt = o;
     e->test = t;
     pthread_mutex_init(&e->done_mu, NULL);
@@ -331,9 +333,16 @@ fail:
     return rc;
 }
 
+tio_engine *tio_engine_retain(tio_engine *engine)
+{
+    if (engine)
+        atomic_fetch_add(&engine->refs, 1);
+    return engine;
+}
+
 void tio_engine_destroy(tio_engine *engine)
 {
-    if (!engine)
+    if (!engine || atomic_fetch_sub(&engine->refs, 1) != 1)
         return;
     pthread_mutex_lock(&engine->done_mu);
     while (engine->n_unfinished > 0)
@@ -455,50 +464,51 @@ static void publish(tio_engine *e, tio_req *r)
     pthread_cond_broadcast(&e->done_cv);
 }
 
-/* A read whose last chunk is in: compare the data's CRC32C with the one its
- * write left (off the locks; the buffer is the caller's until published). */
-static void verify_read(tio_req *r)
+/* Checksum on: the CRC32C of the chunk's bytes as they are on disk (the
+ * bounce buffer, or the caller's memory the transfer used).  A write keeps
+ * it for the extent; a read compares it with the one its write left and
+ * fails with TIO_ECORRUPT, naming the file and offset, when they differ.
+ * Runs on the backend's thread, off the locks, so checking spreads over the
+ * directories' threads.  Returns 0 or TIO_ECORRUPT with `msg` filled. */
+static int check_chunk(tio_chunk *c, char *msg, size_t len)
 {
-    uint32_t got = tio_crc32c(0, r->buf, r->bytes);
-    if (got == r->crc)
-        return;
-    r->result = TIO_ECORRUPT;
-    snprintf(r->msg, sizeof r->msg, "read of tag %llu: extent at offset %llu (%llu bytes): "
-             "CRC32C mismatch (written 0x%08x, read 0x%08x)", (unsigned long long)r->tag,
-             (unsigned long long)r->extent.offset, (unsigned long long)r->extent.bytes, r->crc,
-             got);
+    tio_req *r = c->req;
+    uint32_t got = tio_crc32c(0, c->bounce ? c->bounce : c->user_ptr, c->user_len);
+    if (r->track)
+        c->crc = got;
+    if (!r->verify || got == c->crc)
+        return 0;
+    snprintf(msg, len, "read from '%s' at offset %llu (%u bytes): CRC32C mismatch (written "
+             "0x%08x, read 0x%08x); tag %llu, extent at offset %llu (%llu bytes)",
+             c->dir->file, (unsigned long long)c->file_off, c->user_len, c->crc, got,
+             (unsigned long long)r->tag, (unsigned long long)r->extent.offset,
+             (unsigned long long)r->extent.bytes);
+    return TIO_ECORRUPT;
 }
 
 void tio_chunk_finish(tio_engine *e, tio_chunk *c, int err)
 {
-    if (!err && c->op == TIO_OP_READ && c->bounce)
-        memcpy(c->user_ptr, c->bounce, c->user_len);
-    if (c->bounce)
-        bounce_put(e, c);
-    char msg[sizeof c->req->msg];
+    tio_req *r = c->req;
+    char msg[sizeof r->msg];
     if (err)
         snprintf(msg, sizeof msg, "%s '%s' at offset %llu (%u bytes): %s",
                  c->op == TIO_OP_WRITE ? "write to" : "read from", c->dir->file,
                  (unsigned long long)(c->file_off + c->done), c->io_len - c->done,
                  tio_strerror(err));
-    tio_req *r = c->req;
+    else if (r->track || r->verify)
+        err = check_chunk(c, msg, sizeof msg);
+    if (!err && c->op == TIO_OP_READ && c->bounce)
+        memcpy(c->user_ptr, c->bounce, c->user_len);
+    if (c->bounce)
+        bounce_put(e, c);
     pthread_mutex_lock(&e->done_mu);
     if (err && r->result == 0) {
         r->result = err;
         memcpy(r->msg, msg, sizeof msg);
     }
-    bool last = --r->chunks_left == 0;
-    /* Decide under the lock: once published, r may be freed by its reaper. */
-    bool check = last && r->verify && r->result == 0;
-    if (last && !check)
-        publish(e, r);
+    if (--r->chunks_left == 0)
+        publish(e, r); /* from here on, r may be freed by its reaper */
     pthread_mutex_unlock(&e->done_mu);
-    if (check) {
-        verify_read(r);
-        pthread_mutex_lock(&e->done_mu);
-        publish(e, r);
-        pthread_mutex_unlock(&e->done_mu);
-    }
 }
 
 tio_chunk *tio_dir_pop(tio_dir *d)
@@ -648,15 +658,19 @@ static int submit(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_
                             (unsigned long long)x->bytes);
     }
     tio_req *r = build_request(e, op, x, buf, bytes, tag, urgent, sync);
-    if (!r)
+    if (!r || (ue && op == TIO_OP_WRITE && tio_grow((void **)&ue->crcs, &ue->cap_crcs,
+                                                    r->n_chunks, sizeof *ue->crcs) != 0)) {
+        free(r);
         return tio_fail(-ENOMEM, "engine: out of memory queueing a %llu-byte request",
                         (unsigned long long)bytes);
+    }
     if (ue && op == TIO_OP_WRITE) {
-        r->crc = tio_crc32c(0, buf, bytes);
         r->track = true;
         ue->state = TIO_XS_WRITING;
-    } else if (ue && ue->state == TIO_XS_VALID && ue->crc_bytes == bytes) {
-        r->crc = ue->crc;
+    } else if (ue && ue->state == TIO_XS_VALID && ue->crc_bytes == bytes &&
+               ue->n_crcs == r->n_chunks) {
+        for (uint32_t i = 0; i < r->n_chunks; i++)
+            r->chunks[i].crc = ue->crcs[i];
         r->verify = true;
     }
     if (out)
@@ -681,8 +695,10 @@ int tio_engine_submit_read(tio_engine *engine, const tio_extent *extent, void *b
 
 /* ---- completions ------------------------------------------------------ */
 
-/* A reaped write, checksum on: record what the extent now holds (if it is
- * still allocated).  Caller's thread, like the allocator. */
+/* A reaped write, checksum on: record what the extent now holds, one CRC32C
+ * per chunk (if it is still allocated; when the table cannot grow, the
+ * extent counts as failed: no read of it passes unchecked).  Caller's
+ * thread, like the allocator. */
 static void track_write(tio_engine *e, const tio_req *r)
 {
     if (!r->track)
@@ -690,9 +706,15 @@ static void track_write(tio_engine *e, const tio_req *r)
     tio_used_extent *ue = tio_extent_map_find(&e->map, &r->extent);
     if (!ue)
         return;
-    ue->state = r->result ? TIO_XS_FAILED : TIO_XS_VALID;
-    ue->crc = r->crc;
+    ue->state = TIO_XS_FAILED;
+    if (r->result || tio_grow((void **)&ue->crcs, &ue->cap_crcs, r->n_chunks,
+                              sizeof *ue->crcs) != 0)
+        return;
+    for (uint32_t i = 0; i < r->n_chunks; i++)
+        ue->crcs[i] = r->chunks[i].crc;
+    ue->n_crcs = r->n_chunks;
     ue->crc_bytes = r->bytes;
+    ue->state = TIO_XS_VALID;
 }
 
 int tio_engine_reap(tio_engine *e, tio_completion *out, uint32_t max, uint32_t min_complete)

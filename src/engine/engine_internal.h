@@ -23,6 +23,7 @@
 #define TERAIO_ENGINE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "common/util.h"
 #include "engine/engine_test.h"
@@ -60,6 +61,8 @@ typedef struct tio_chunk {
     uint32_t user_len;      /* bytes of the user buffer this chunk covers */
     uint32_t done;          /* bytes of io_len transferred so far */
     uint32_t retries;
+    uint32_t crc;           /* checksum on: a write's CRC32C of its bytes, set
+                               when it finishes; a read's expected one */
     char *user_ptr;         /* user buffer for this chunk */
     char *bounce;           /* aligned bounce buffer, or NULL */
     char *io_ptr;           /* user_ptr or bounce once prepared, else NULL */
@@ -73,9 +76,9 @@ struct tio_req {
     bool sync;              /* owned by tio_engine_read/write, not reaped */
     bool finished;
     uint8_t op;
-    bool verify;            /* checksum on: compare crc after the last chunk */
-    bool track;             /* checksum on: update the extent's state at reap */
-    uint32_t crc;           /* write: CRC32C of the data; read: the expected one */
+    bool verify;            /* checksum on: each chunk checks its crc */
+    bool track;             /* checksum on: chunks compute their crc, reap
+                               records them with the extent */
     char *buf;
     uint64_t bytes;
     tio_extent extent;
@@ -129,11 +132,14 @@ struct tio_dir {
     uint32_t n_workers;
 };
 
-/* An allocated extent and, for checksums, what was last written to it. */
+/* An allocated extent and, for checksums, what was last written to it: the
+ * CRC32C of each chunk of that write.  A read of the same length is cut into
+ * the same chunks, so each chunk checks its own bytes. */
 typedef struct {
     tio_extent x;
-    uint64_t crc_bytes;     /* length the crc covers */
-    uint32_t crc;
+    uint64_t crc_bytes;     /* length of the write the crcs cover */
+    uint32_t *crcs;         /* [n_crcs] (malloc'ed, cap_crcs allocated) */
+    uint32_t n_crcs, cap_crcs;
     uint8_t state;          /* TIO_XS_* */
 } tio_used_extent;
 
@@ -156,6 +162,7 @@ typedef struct {
 } tio_region;
 
 struct tio_engine {
+    atomic_uint refs;           /* tio_engine_retain / destroy */
     tio_engine_options opt;
     tio_backend backend;
     const tio_backend_ops *ops; /* the backend in use */

@@ -32,6 +32,8 @@ int tio_extent_map_init(tio_extent_map *map, uint64_t space_bytes)
 
 void tio_extent_map_fini(tio_extent_map *map)
 {
+    for (uint32_t i = 0; i < map->n_used; i++)
+        free(map->used[i].crcs);
     free(map->free);
     free(map->used);
     memset(map, 0, sizeof *map);
@@ -137,6 +139,7 @@ int tio_extent_map_free(tio_extent_map *map, const tio_extent *extent)
         if (rc)
             return rc;
     }
+    free(ue->crcs);
     remove_at(map->used, &map->n_used, u, sizeof *map->used);
     return 0;
 }

@@ -294,7 +294,7 @@ static int setup_host_only(void **state)
 static int setup_small_engine(void **state)
 {
     return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_PSYNC,
-                                                   .engine_bytes = 1u << 20});
+                                                   .engine_bytes = 4u << 20});
 }
 
 static int setup_write_fault(void **state)
@@ -529,10 +529,15 @@ static void test_host_tier_without_engine(void **state)
     assert_int_equal(s.resident_bytes, ALL_BYTES);
 }
 
-/* No SSD space: the offload is refused and the tensor stays resident. */
+/* No SSD space left (someone else took it after the runtime was created):
+ * the offload is refused and the tensor stays resident. */
 static void test_no_space_keeps_resident(void **state)
 {
     fixture *f = *state;
+    tio_engine_space sp;
+    tio_engine_space_stats(f->engine, &sp);
+    tio_extent taken;
+    assert_int_equal(tio_engine_alloc(f->engine, sp.free_bytes, &taken), 0);
     run_kernels(f, 0, 6);
     tio_runtime_stats s = stats_of(f);
     assert_int_equal(s.offloads_refused, 1);

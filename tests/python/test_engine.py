@@ -1,0 +1,118 @@
+"""teraio.core.Engine: its options, its life cycle, and what a damaged
+backing file does to a live run (issue 12, items 2, 6, 8)."""
+import glob
+import os
+
+import pytest
+
+from teraio import _lib as L
+from teraio._lib import TeraioError
+from teraio.core import Engine, Lifetime, Plan
+from teraio.torch import OffloadRuntime, Profiler
+
+from conftest import TinyJob
+
+
+def planned(job, ssd_dir, crc=True):
+    prof = Profiler(job.model, job.opt)
+    losses = []
+    for i in range(2):
+        with prof.iteration():
+            losses.append(job.step(i).item())
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    plan = Plan.build(trace, lt, lt.peak_bytes // 2, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
+    engine = Engine([ssd_dir], space_bytes=2 * lt.peak_bytes + (16 << 20), crc=crc)
+    return trace, plan, engine, losses
+
+
+def backing_file(ssd_dir):
+    files = glob.glob(os.path.join(ssd_dir, "teraio.*.data"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+def test_engine_methods_after_close_raise(ssd_dir):
+    """Issue 12, item 8: Engine.backend after close() segfaulted."""
+    engine = Engine([ssd_dir], space_bytes=1 << 20)
+    assert engine.backend in ("io_uring", "psync")
+    assert engine.crc is True
+    engine.close()
+    engine.close()  # idempotent
+    for use in (lambda: engine.backend, lambda: engine.backend_reason, lambda: engine.measure_gbps(4096),
+                lambda: engine.__enter__()):
+        with pytest.raises(ValueError, match="Engine is closed"):
+            use()
+    assert glob.glob(os.path.join(ssd_dir, "teraio.*")) == []
+
+
+def test_engine_options_are_checked(ssd_dir):
+    with Engine([ssd_dir], space_bytes=1 << 20, crc=False) as e:
+        assert e.crc is False
+        read, write = e.measure_gbps(1 << 20)
+        assert read > 0 and write > 0
+    with pytest.raises(ValueError, match="crc must be True or False"):
+        Engine([ssd_dir], space_bytes=1 << 20, crc="yes")
+    with pytest.raises(ValueError, match="backend must be one of auto, io_uring, psync"):
+        Engine([ssd_dir], space_bytes=1 << 20, backend="spdk")
+    with pytest.raises(TeraioError, match="does not exist"):
+        Engine([os.path.join(ssd_dir, "missing")], space_bytes=1 << 20)
+
+
+def test_engine_closed_while_runtime_bound(ssd_dir):
+    """Issue 12, item 6: Engine.close() while an OffloadRuntime still used it,
+    then rt.iteration(), was a heap use-after-free that lost the offloaded
+    bytes.  The runtime keeps the engine alive; training goes on with
+    identical losses, and the backing file goes with the runtime."""
+    ref = TinyJob()
+    ref_losses = [ref.step(i).item() for i in range(len(ref.batches))]
+    job = TinyJob()
+    trace, plan, engine, losses = planned(job, ssd_dir)
+    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    with rt.iteration():
+        losses.append(job.step(2).item())
+    engine.close()
+    with pytest.raises(ValueError, match="Engine is closed"):
+        engine.backend
+    assert os.path.exists(backing_file(ssd_dir))
+    for i in range(3, len(job.batches)):
+        with rt.iteration():
+            losses.append(job.step(i).item())
+    stats = rt.stats()
+    rt.close()
+    assert losses == ref_losses
+    assert stats["bytes_prefetched"] > 0
+    assert glob.glob(os.path.join(ssd_dir, "teraio.*")) == []
+
+
+@pytest.mark.parametrize("damage", ["zeros", "truncate"])
+def test_backing_file_damaged_during_live_run(ssd_dir, damage):
+    """Issue 12, item 2: a backing file truncated to 0 or overwritten with
+    zeros while a run was live gave different losses and no error.  With the
+    engine's default CRC32C, the next read of a damaged tensor raises an
+    error naming the tensor and the file."""
+    job = TinyJob()
+    trace, plan, engine, _ = planned(job, ssd_dir)
+    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    with rt.iteration():
+        job.step(2)
+    assert rt._released, "the plan keeps some tensor on SSD across the iteration boundary"
+    path = backing_file(ssd_dir)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        if damage == "zeros":
+            f.write(bytes(size))
+        else:
+            f.truncate(0)
+    with pytest.raises(TeraioError) as err:
+        for i in range(3, len(job.batches)):
+            with rt.iteration():
+                job.step(i)
+    msg = str(err.value)
+    assert "tensor " in msg and path in msg
+    if damage == "zeros":
+        assert "CRC32C mismatch" in msg
+    L.tio_runtime_destroy(rt._p)  # its tensors are lost: no fetch_all
+    rt._p = None
+    engine.close()
+    assert glob.glob(os.path.join(ssd_dir, "teraio.*")) == []
