@@ -77,9 +77,11 @@ typedef enum {
     TIO_BACKEND_PSYNC = 2,    /* thread pool of pread/pwrite */
 } tio_backend;
 
+#define TIO_ENGINE_MAX_DIRS 64u
+
 typedef struct {
     const char *const *dirs;  /* SSD directories (must exist, be writable) */
-    uint32_t n_dirs;          /* >= 1 */
+    uint32_t n_dirs;          /* 1 to TIO_ENGINE_MAX_DIRS */
     uint64_t space_bytes;     /* SSD space to preallocate, split over dirs (not
                                  the plan's capacity_bytes, the device budget) */
     uint32_t stripe_bytes;    /* striping unit, multiple of 4 KiB; default 1 MiB */

@@ -280,13 +280,15 @@ static int register_ring_buffers(tio_engine *e, tio_dir *d, const char **step)
     *step = "io_uring_register_buffers_update_tag";
     if (e->test.probe_fail & TIO_PROBE_FAIL_MEMLOCK)
         return -ENOMEM;
-    struct iovec *iov = calloc(e->n_bounce, sizeof *iov);
+    if (d->n_bounce == 0)
+        return 0;
+    struct iovec *iov = calloc(d->n_bounce, sizeof *iov);
     if (!iov)
         return -ENOMEM;
-    for (uint32_t i = 0; i < e->n_bounce; i++)
+    for (uint32_t i = 0; i < d->n_bounce; i++)
         iov[i] = (struct iovec){.iov_base = d->slab + (size_t)i * e->bounce_bytes,
                                 .iov_len = e->bounce_bytes};
-    rc = io_uring_register_buffers_update_tag(ring, 0, iov, NULL, e->n_bounce);
+    rc = io_uring_register_buffers_update_tag(ring, 0, iov, NULL, d->n_bounce);
     free(iov);
     return rc < 0 ? rc : 0;
 }
@@ -306,9 +308,11 @@ static void register_buffers(tio_engine *e)
             e->dirs[j].uring->bufs_registered = false;
         }
     char text[400];
+    uint64_t slab_bytes = 0;
+    for (uint32_t j = 0; j < e->n_dirs; j++)
+        slab_bytes += (uint64_t)e->dirs[j].n_bounce * e->bounce_bytes;
     if (rc == -ENOMEM)
-        tio_memlock_message(text, sizeof text,
-                            (uint64_t)e->n_dirs * e->n_bounce * e->bounce_bytes);
+        tio_memlock_message(text, sizeof text, slab_bytes);
     else
         snprintf(text, sizeof text, "fixed buffers off: %s: %s", step, tio_strerror(rc));
     if (e->test.probe_fail & TIO_PROBE_FAIL_MEMLOCK)

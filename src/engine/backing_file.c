@@ -5,7 +5,10 @@
  * write and read.
  *
  * Why preallocate: a full disk then shows at create time (-ENOSPC), never
- * halfway through an offload.  Why probe with real I/O: file systems that
+ * halfway through an offload.  Why a random name and a lock: another user's
+ * file must not be able to block ours (a predictable name made create fail
+ * with EEXIST), and a file whose lock nobody holds belongs to a job that
+ * died, so the next engine in that directory removes it (and logs it).  Why probe with real I/O: file systems that
  * refuse O_DIRECT (tmpfs, some FUSE and network file systems) accept the
  * open flag on some kernels and fail only the first transfer.
  */
@@ -74,25 +77,79 @@ static int preallocate(tio_dir *d)
     return 0;
 }
 
-int tio_backing_file_open(tio_engine *e, tio_dir *d, unsigned seq)
+/* A backing file's name: "teraio.<pid>.<hex>.<dir index>.data" (the hex
+ * part was a per-process counter before it became random; both match). */
+static bool is_backing_file(const char *name)
 {
-    size_t len = strlen(d->path) + 64;
+    const char *p = name;
+    if (strncmp(p, "teraio.", 7) != 0)
+        return false;
+    p += 7;
+    static const char *const parts[3] = {"0123456789", "0123456789abcdef", "0123456789"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strspn(p, parts[i]);
+        if (n == 0 || p[n] != '.')
+            return false;
+        p += n + 1;
+    }
+    return strcmp(p, "data") == 0;
+}
+
+static void log_removed(const char *name, void *ctx)
+{
+    const tio_dir *d = ctx;
+    tio_log(TIO_LOG_WARN, "engine: removed stale backing file '%s/%s' (no process holds its "
+            "lock: the job that made it is gone)", d->path, name);
+}
+
+static bool is_backing_file_of(const char *name, void *ctx)
+{
+    return is_backing_file(name);
+}
+
+/* Create the backing file under a fresh random name, locked, with O_DIRECT
+ * unless `buffered`.  Returns the descriptor or -errno. */
+static int create_file(tio_dir *d, bool buffered)
+{
+    size_t len = strlen(d->path) + 80;
+    free(d->file);
+    free(d->name);
     d->file = malloc(len);
-    if (!d->file)
-        return tio_fail(-ENOMEM, "engine: out of memory");
-    snprintf(d->file, len, "%s/teraio.%ld.%u.%u.data", d->path, (long)getpid(), seq, d->index);
-    int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+    d->name = malloc(64);
+    if (!d->file || !d->name)
+        return -ENOMEM;
+    int fd = -EEXIST;
+    for (int tries = 0; tries < 16 && (fd == -EEXIST || fd == -EAGAIN); tries++) {
+        snprintf(d->name, 64, "teraio.%ld.%016llx.%u.data", (long)getpid(),
+                 (unsigned long long)tio_random_u64(), d->index);
+        snprintf(d->file, len, "%s/%s", d->path, d->name);
+        fd = tio_create_locked(d->dirfd, d->name, O_RDWR | (buffered ? 0 : O_DIRECT), 0600);
+    }
+    return fd;
+}
+
+int tio_backing_file_open(tio_engine *e, tio_dir *d)
+{
+    d->dirfd = open(d->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d->dirfd < 0) {
+        int err = errno;
+        return tio_fail(-err, "ssd directory '%s': cannot open: %s", d->path, strerror(err));
+    }
+    /* Backing files whose lock nobody holds were left by a job that died
+     * (kill -9, OOM killer, a node reset): they only take space. */
+    tio_remove_unlocked(d->dirfd, is_backing_file_of, d, log_removed);
     bool refuse_direct = e->test.probe_fail & TIO_PROBE_FAIL_ODIRECT;
-    d->fd = refuse_direct ? -1 : open(d->file, flags | O_DIRECT, 0600);
+    d->fd = refuse_direct ? -EINVAL : create_file(d, false);
     d->direct = true;
-    if (refuse_direct)
-        errno = EINVAL;
-    if (d->fd < 0 && errno == EINVAL) {
-        d->fd = open(d->file, flags, 0600);
+    if (d->fd == -EINVAL) {
+        d->fd = create_file(d, true);
         d->direct = false;
     }
     if (d->fd < 0) {
-        int err = errno;
+        int err = -d->fd;
+        d->fd = -1;
+        if (!d->file)
+            return tio_fail(-ENOMEM, "engine: out of memory");
         return tio_fail(-err, "cannot create backing file '%s': %s", d->file, strerror(err));
     }
     d->created = true;
@@ -101,13 +158,14 @@ int tio_backing_file_open(tio_engine *e, tio_dir *d, unsigned seq)
         return rc;
     rc = probe_pio(d->fd);
     if (rc == -EINVAL && d->direct) {
-        close(d->fd);
-        d->fd = open(d->file, O_RDWR | O_CLOEXEC);
-        d->direct = false;
-        if (d->fd < 0) {
+        /* O_DIRECT accepted at open, refused at the first transfer: turn it
+         * off on the same descriptor, which keeps the lock. */
+        if (fcntl(d->fd, F_SETFL, fcntl(d->fd, F_GETFL) & ~O_DIRECT) != 0) {
             int err = errno;
-            return tio_fail(-err, "cannot reopen backing file '%s': %s", d->file, strerror(err));
+            return tio_fail(-err, "cannot turn O_DIRECT off for '%s': %s", d->file,
+                            strerror(err));
         }
+        d->direct = false;
         rc = probe_pio(d->fd);
     }
     if (rc)
@@ -125,10 +183,13 @@ int tio_backing_file_open(tio_engine *e, tio_dir *d, unsigned seq)
 
 void tio_backing_file_close(tio_dir *d)
 {
+    if (d->created && d->dirfd >= 0)
+        unlinkat(d->dirfd, d->name, 0); /* before close: the lock covers it */
+    d->created = false;
     if (d->fd >= 0)
         close(d->fd);
     d->fd = -1;
-    if (d->created)
-        unlink(d->file);
-    d->created = false;
+    if (d->dirfd >= 0)
+        close(d->dirfd);
+    d->dirfd = -1;
 }

@@ -25,16 +25,17 @@
 #include "engine/engine_internal.h"
 
 #define MIB (1024u * 1024u)
-/* Bounce buffers per directory: queue_depth of them, capped at this many
- * bytes of slab (but at least 4 buffers, the most psync workers). */
+/* Bounce buffers per directory: queue_depth of them (but at least 4, the
+ * most psync workers), capped at this many bytes of slab per directory and
+ * in all, and at what the directory's file can hold. */
 #define TIO_BOUNCE_SLAB_BYTES (64u * MIB)
+#define TIO_BOUNCE_TOTAL_BYTES (256u * MIB)
 /* Transparent huge page size (x86-64, arm64 with 4 KiB pages). */
 #define TIO_HUGE_PAGE_BYTES (2u * MIB)
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; older kernels answer EINVAL */
 #endif
 
-static atomic_uint engine_seq;
 
 void tio_engine_options_default(tio_engine_options *opt)
 {
@@ -103,6 +104,9 @@ static int check_options(const tio_engine_options *in, tio_engine_options *opt)
 {
     if (!in || !in->dirs || in->n_dirs == 0)
         return tio_fail(-EINVAL, "engine: at least one ssd directory is required");
+    if (in->n_dirs > TIO_ENGINE_MAX_DIRS)
+        return tio_fail(-EINVAL, "engine: %u ssd directories, at most %u", in->n_dirs,
+                        TIO_ENGINE_MAX_DIRS);
     if (in->space_bytes == 0)
         return tio_fail(-EINVAL, "engine: space_bytes must be > 0");
     *opt = *in;
@@ -175,24 +179,51 @@ void tio_request_huge_pages(void *addr, uint64_t bytes)
                 (unsigned long long)(end - start), strerror(errno));
 }
 
+/* How many bounce buffers directory `d` gets: sized from the queue depth,
+ * the slab caps and what its share of the space can hold, so that memory
+ * follows the space and not the number of directories (issue 12: 64
+ * directories for a 1 MiB engine took 2.1 GB).  A directory that holds no
+ * stripe unit gets none. */
+static uint32_t bounce_count(const tio_engine *e, const tio_dir *d)
+{
+    uint64_t bb = e->bounce_bytes, n = e->opt.queue_depth;
+    if (n < 4)
+        n = 4;
+    if (n > e->opt.queue_depth)
+        n = e->opt.queue_depth;
+    if (n > TIO_BOUNCE_SLAB_BYTES / bb)
+        n = TIO_BOUNCE_SLAB_BYTES / bb;
+    if (n > TIO_BOUNCE_TOTAL_BYTES / (bb * e->opt.n_dirs))
+        n = TIO_BOUNCE_TOTAL_BYTES / (bb * e->opt.n_dirs);
+    uint64_t fits = (d->data_bytes + bb - 1) / bb;
+    if (n > fits)
+        n = fits;
+    return d->data_bytes ? (n ? (uint32_t)n : 1) : 0;
+}
+
 /* The directory's bounce slab and its free stack. */
 static int alloc_bounce_slab(tio_engine *e, tio_dir *d)
 {
+    uint32_t n = bounce_count(e, d);
+    if (n == 0)
+        return 0;
     void *p;
-    size_t bytes = (size_t)e->n_bounce * e->bounce_bytes;
+    size_t bytes = (size_t)n * e->bounce_bytes;
     size_t align = bytes >= TIO_HUGE_PAGE_BYTES ? TIO_HUGE_PAGE_BYTES : TIO_EXTENT_ALIGN;
     if (posix_memalign(&p, align, bytes) != 0)
-        return tio_fail(-ENOMEM, "engine: out of memory for %u bounce buffers of %u bytes",
-                        e->n_bounce, e->bounce_bytes);
+        return tio_fail(-ENOMEM, "engine: out of memory for %u bounce buffers of %u bytes", n,
+                        e->bounce_bytes);
     tio_request_huge_pages(p, bytes);
     d->slab = p;
-    d->bounce_free = malloc(e->n_bounce * sizeof *d->bounce_free);
+    d->bounce_free = malloc(n * sizeof *d->bounce_free);
     if (!d->bounce_free)
         return tio_fail(-ENOMEM, "engine: out of memory");
-    d->n_bounce = e->n_bounce;
-    for (uint32_t i = 0; i < e->n_bounce; i++)
-        d->bounce_free[i] = e->n_bounce - 1 - i;
-    d->n_bounce_free = e->n_bounce;
+    d->n_bounce = n;
+    for (uint32_t i = 0; i < n; i++)
+        d->bounce_free[i] = n - 1 - i;
+    d->n_bounce_free = n;
+    if (n > e->n_bounce)
+        e->n_bounce = n;
     return 0;
 }
 
@@ -240,6 +271,7 @@ static void free_engine(tio_engine *e)
         tio_dir *d = &e->dirs[i];
         tio_backing_file_close(d);
         free(d->file);
+        free(d->name);
         free(d->path);
         free(d->slab);
         free(d->bounce_free);
@@ -281,10 +313,6 @@ int tio_engine_create_test(const tio_engine_options *opt, const tio_engine_test_
     pthread_mutex_init(&e->done_mu, NULL);
     pthread_cond_init(&e->done_cv, NULL);
     e->bounce_bytes = o.request_bytes < o.stripe_bytes ? o.request_bytes : o.stripe_bytes;
-    uint32_t n_bounce = TIO_BOUNCE_SLAB_BYTES / e->bounce_bytes;
-    if (n_bounce < 4)
-        n_bounce = 4;
-    e->n_bounce = n_bounce < o.queue_depth ? n_bounce : o.queue_depth;
     e->opt.dirs = NULL; /* the caller's array need not outlive create */
 
     bool forced_by_env;
@@ -294,22 +322,23 @@ int tio_engine_create_test(const tio_engine_options *opt, const tio_engine_test_
     if ((rc = tio_extent_map_init(&e->map, space)) != 0)
         goto fail;
 
-    /* Stripe unit u (of `units`) lives in directory u % n_dirs; every
-     * directory gets room for ceil(units / n_dirs) units. */
+    /* Stripe unit u (of `units`) lives in directory u % n_dirs at unit
+     * u / n_dirs of its file: directory i holds units i, i + n, ..., and a
+     * directory without any still gets a 4 KiB file for the probe. */
     uint64_t units = (space + o.stripe_bytes - 1) / o.stripe_bytes;
-    uint64_t file_bytes = (units + o.n_dirs - 1) / o.n_dirs * o.stripe_bytes;
     e->dirs = calloc(o.n_dirs, sizeof *e->dirs);
     if (!e->dirs) {
         rc = tio_fail(-ENOMEM, "engine: out of memory");
         goto fail;
     }
-    unsigned seq = atomic_fetch_add(&engine_seq, 1);
     for (uint32_t i = 0; i < o.n_dirs; i++) {
         tio_dir *d = &e->dirs[i];
         d->engine = e;
         d->index = i;
         d->fd = -1;
-        d->file_bytes = file_bytes;
+        d->dirfd = -1;
+        d->data_bytes = (units / o.n_dirs + (i < units % o.n_dirs)) * o.stripe_bytes;
+        d->file_bytes = d->data_bytes ? d->data_bytes : TIO_EXTENT_ALIGN;
         pthread_mutex_init(&d->mu, NULL);
         pthread_cond_init(&d->cv, NULL);
         e->n_dirs = i + 1;
@@ -318,7 +347,7 @@ int tio_engine_create_test(const tio_engine_options *opt, const tio_engine_test_
             rc = tio_fail(-ENOMEM, "engine: out of memory");
             goto fail;
         }
-        if ((rc = tio_backing_file_open(e, d, seq)) != 0 || (rc = alloc_bounce_slab(e, d)) != 0)
+        if ((rc = tio_backing_file_open(e, d)) != 0 || (rc = alloc_bounce_slab(e, d)) != 0)
             goto fail;
     }
     if ((rc = start_backend(e, forced_by_env)) != 0)

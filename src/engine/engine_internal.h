@@ -109,11 +109,14 @@ struct tio_dir {
     tio_engine *engine;
     uint32_t index;
     char *path;             /* the SSD directory */
-    char *file;             /* its backing file */
-    int fd;
+    char *file;             /* its backing file (path/name, for messages) */
+    char *name;             /* the backing file's name in dirfd */
+    int dirfd;              /* the SSD directory, open while the engine is */
+    int fd;                 /* the backing file, flock'ed while open */
     bool created;           /* we created `file`: unlink it on destroy */
     bool direct;            /* fd opened with O_DIRECT */
-    uint64_t file_bytes;
+    uint64_t data_bytes;    /* bytes of the space stored here (whole stripe units) */
+    uint64_t file_bytes;    /* data_bytes, at least 4 KiB (for the probe) */
 
     pthread_mutex_t mu;     /* guards everything below */
     pthread_cond_t cv;      /* psync workers wait here for chunks */
@@ -122,7 +125,8 @@ struct tio_dir {
     uint32_t inflight;      /* chunks in the io_uring ring */
     bool stop;
 
-    char *slab;             /* n_bounce bounce buffers of engine->bounce_bytes */
+    char *slab;             /* n_bounce bounce buffers of engine->bounce_bytes
+                               (none in a directory that holds no data) */
     uint32_t n_bounce;
     uint32_t *bounce_free;  /* stack of free slab indices */
     uint32_t n_bounce_free;
@@ -171,7 +175,8 @@ struct tio_engine {
     uint32_t n_dirs;
     tio_extent_map map;
     uint32_t bounce_bytes;  /* size of each bounce buffer */
-    uint32_t n_bounce;      /* bounce buffers per directory */
+    uint32_t n_bounce;      /* the most bounce buffers of any directory: the
+                               first ring slots; callers' regions follow */
 
     /* Test hooks (engine_test.h), all zero outside tests. */
     tio_engine_test_options test;
@@ -243,15 +248,16 @@ int tio_uring_update_slots(tio_engine *engine, uint32_t slot, const struct iovec
 /* backend_psync.c: a few pread/pwrite worker threads per dir. */
 extern const tio_backend_ops tio_psync_ops;
 
-/* backing_file.c: create dir->file (a fresh unique name), preallocate it
- * and probe it with a real aligned write and read, falling back to
- * buffered I/O when the file system refuses O_DIRECT.  Returns 0 or -errno
- * (message names the file). */
-int tio_backing_file_open(tio_engine *engine, tio_dir *dir, unsigned seq);
+/* backing_file.c: remove the directory's stale backing files (unlocked:
+ * their job is gone; logged), create dir->file under a fresh random name,
+ * flock it, preallocate it and probe it with a real aligned write and read,
+ * falling back to buffered I/O when the file system refuses O_DIRECT.
+ * Returns 0 or -errno (message names the file). */
+int tio_backing_file_open(tio_engine *engine, tio_dir *dir);
 /* Check that `path` is a writable directory: 0, or -ENOENT / -ENOTDIR /
  * -EACCES / -errno naming it. */
 int tio_dir_check(const char *path);
-/* Close and (if we created it) delete it. */
+/* Delete it (if we created it) and close it. */
 void tio_backing_file_close(tio_dir *dir);
 
 /* fault.c: check test options (NULL: none) into *out.  Mark chunk `c` (just built, op `op`) if the test options pick

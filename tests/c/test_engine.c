@@ -24,7 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <time.h>
 
@@ -676,6 +679,158 @@ static void test_backing_files_lifecycle(void **state)
     assert_int_equal(stat(pb, &st), 0);
     tio_engine_destroy(b);
     assert_int_equal(stat(pb, &st), -1);
+}
+
+static void roundtrip_70000(tio_engine *e);
+
+/* The number of teraio backing files in `dir`. */
+static int count_backing_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += strncmp(de->d_name, "teraio.", 7) == 0;
+    closedir(d);
+    return n;
+}
+
+/* Issue 12, item 12: engine memory grew with the number of directories, not
+ * with the space (a 32 MiB bounce slab each: 64 directories for a 1 MiB
+ * engine took 2.1 GB; 1000 were OOM-killed and left 1000 files).  Bounce
+ * buffers now follow each directory's share of the space and the queue
+ * depth, under caps; more than TIO_ENGINE_MAX_DIRS directories are refused;
+ * and a create that fails half-way leaves no file behind. */
+static void test_engine_memory_grows_with_dirs(void **state)
+{
+    enum { N = TIO_ENGINE_MAX_DIRS + 1 };
+    static char paths[N][PATH_MAX + 16];
+    const char *dirs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/many%02d", g_root, i);
+        assert_int_equal(mkdir(paths[i], 0755), 0);
+        dirs[i] = paths[i];
+    }
+    tio_engine_options opt;
+    tio_engine_options_default(&opt);
+    opt.dirs = dirs;
+    opt.n_dirs = N;
+    opt.space_bytes = MIB;
+    tio_engine *e = NULL;
+    assert_int_equal(tio_engine_create(&opt, &e), -EINVAL);
+    assert_string_equal(tio_last_error(), "engine: 65 ssd directories, at most 64");
+
+    /* 64 directories, 1 MiB: one stripe unit, one bounce buffer in all. */
+    opt.n_dirs = TIO_ENGINE_MAX_DIRS;
+    assert_int_equal(tio_engine_create(&opt, &e), 0);
+    uint64_t slab = 0;
+    for (uint32_t i = 0; i < e->n_dirs; i++)
+        slab += (uint64_t)e->dirs[i].n_bounce * e->bounce_bytes;
+    assert_int_equal(slab, MIB);
+    assert_int_equal(e->dirs[0].n_bounce, 1);
+    assert_int_equal(e->dirs[1].n_bounce, 0);
+    roundtrip_70000(e);
+    tio_engine_destroy(e);
+
+    /* 64 directories, 4 GiB: 4 buffers each (256 MiB in all); 2 directories:
+     * queue_depth (32) each, as before. */
+    opt.space_bytes = 4ull << 30;
+    assert_int_equal(tio_engine_create(&opt, &e), 0);
+    assert_int_equal(e->dirs[63].n_bounce, 4);
+    tio_engine_destroy(e);
+    opt.n_dirs = 2;
+    assert_int_equal(tio_engine_create(&opt, &e), 0);
+    assert_int_equal(e->dirs[0].n_bounce, 32);
+    assert_int_equal(e->dirs[1].n_bounce, 32);
+    tio_engine_destroy(e);
+
+    /* Out of file descriptors half-way through 16 directories: -EMFILE, and
+     * not one backing file stays. */
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int probe = open("/dev/null", O_RDONLY);
+    assert_true(probe >= 0);
+    close(probe);
+    low = old;
+    low.rlim_cur = (rlim_t)probe + 12;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    opt.n_dirs = 16;
+    opt.space_bytes = 16 * MIB;
+    int rc = tio_engine_create(&opt, &e);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(rc, -EMFILE);
+    assert_null(e);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(count_backing_files(paths[i]), 0);
+        assert_int_equal(rmdir(paths[i]), 0);
+    }
+}
+
+static int g_removed_logged;
+static char g_removed_line[PATH_MAX + 200];
+
+static void removed_log(void *ctx, int level, const char *msg)
+{
+    if (level == TIO_LOG_WARN && strstr(msg, "removed stale backing file")) {
+        g_removed_logged++;
+        snprintf(g_removed_line, sizeof g_removed_line, "%s", msg);
+    }
+}
+
+/* Issue 12, item 13: a killed job's backing files were never removed, and
+ * one with a predictable name (pid, counter) blocked a restart that got the
+ * same pid ("File exists"; pid 1 in a container).  Each backing file is now
+ * flock'ed while its engine lives; a new engine removes the ones whose lock
+ * nobody holds and logs each; live engines' files and other users' files
+ * stay. */
+static void test_killed_job_backing_files_removed(void **state)
+{
+    /* A job killed with its engine open. */
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        tio_engine *e = NULL;
+        _exit(create_in(g_d0, TIO_BACKEND_PSYNC, &e) == 0 ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(count_backing_files(g_d0), 1);
+    /* Names the old scheme would give this process's engines, left unlocked. */
+    char planted[PATH_MAX + 64], theirs[PATH_MAX + 64];
+    for (int seq = 0; seq < 200; seq++) {
+        snprintf(planted, sizeof planted, "%s/teraio.%ld.%d.0.data", g_d0, (long)getpid(), seq);
+        int fd = open(planted, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        assert_true(fd >= 0);
+        close(fd);
+    }
+    snprintf(theirs, sizeof theirs, "%s/teraio.1.ab.0.data", g_d0);
+    int fd = open(theirs, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    bool as_root = geteuid() == 0;
+    if (as_root)
+        assert_int_equal(chown(theirs, 65534, 65534), 0); /* another user's */
+    tio_engine *live = NULL;
+    tio_set_log(removed_log, NULL, TIO_LOG_DEBUG);
+    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &live), 0);
+    assert_int_equal(g_removed_logged, as_root ? 201 : 202);
+    assert_non_null(strstr(g_removed_line, "no process holds its lock"));
+    assert_int_equal(count_backing_files(g_d0), as_root ? 2 : 1);
+
+    /* A second engine in the same directory leaves the live one alone. */
+    g_removed_logged = 0;
+    tio_engine *second = NULL;
+    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &second), 0);
+    tio_set_log(NULL, NULL, TIO_LOG_INFO);
+    assert_int_equal(g_removed_logged, 0);
+    struct stat st;
+    assert_int_equal(stat(tio_engine_backing_path(live, 0), &st), 0);
+    roundtrip_70000(live);
+    tio_engine_destroy(second);
+    tio_engine_destroy(live);
+    assert_int_equal(count_backing_files(g_d0), as_root ? 1 : 0);
+    unlink(theirs);
 }
 
 static bool has_prefix(const char *s, const char *prefix)
@@ -1337,6 +1492,8 @@ int main(void)
         cmocka_unit_test(test_request_checks),
         cmocka_unit_test(test_dir_errors),
         cmocka_unit_test(test_backing_files_lifecycle),
+        cmocka_unit_test(test_engine_memory_grows_with_dirs),
+        cmocka_unit_test(test_killed_job_backing_files_removed),
         cmocka_unit_test(test_backend_choice),
         cmocka_unit_test(test_forced_psync_fallback),
     };
