@@ -3,8 +3,11 @@
  *
  * The engine moves bytes between addresses and files; it knows nothing of
  * tensors or plans.  Each SSD directory gets one preallocated backing file
- * (`teraio.<pid>.<engine>.<dir>.data`, unique per engine, removed on
- * destroy).  Space is handed out as extents in one logical address space
+ * (`teraio.<pid>.<16 random hex digits>.<dir>.data`, mode 0600, removed on
+ * destroy), flock'ed while the engine lives.  At create, backing files of
+ * that pattern in the directory that belong to this user and whose lock
+ * nobody holds (left by a job that was killed) are removed, each logged as a
+ * warning.  Space is handed out as extents in one logical address space
  * that is striped across the directories in `stripe_bytes` units (logical
  * offset o lives in directory (o / stripe) % n_dirs at file offset
  * (o / (stripe * n_dirs)) * stripe + o % stripe).  Extents are 4 KiB-
@@ -57,8 +60,15 @@
  * the rest; EINTR/EAGAIN are retried; any other error completes the request
  * with -errno and a message naming the file and offset.
  *
+ * Memory: each directory that holds data gets bounce buffers of
+ * min(request_bytes, stripe_bytes): queue_depth of them (at least 4), at
+ * most 64 MiB per directory, 256 MiB per engine, and no more than its share
+ * of the space can use.  Beyond that: one ring (io_uring) or four threads
+ * (psync) per directory and one allocation per request.
+ *
  * Thread-safety: one engine may be used from one thread at a time (the
- * runtime's thread); it runs its own worker threads internally.
+ * runtime's thread); it runs its own worker threads internally.  The
+ * reference count (tio_engine_retain / tio_engine_destroy) is atomic.
  */
 #ifndef TERAIO_ENGINE_H
 #define TERAIO_ENGINE_H
