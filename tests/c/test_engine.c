@@ -1257,6 +1257,10 @@ static void test_crc32c_values(void **state)
         /* Continuation: crc(a || b) from crc(a). */
         assert_int_equal(tio_crc32c(tio_crc32c(0, b.p + off, 777), b.p + off + 777, n - 777), hw);
     }
+    /* Lengths around the three-stream blocks (3 x 256, 3 x 8192 bytes). */
+    static const size_t lens[] = {767, 768, 769, 775, 776, 24575, 24576, 24577, 49921, 99999};
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(tio_crc32c(0, b.p + 3, lens[i]), tio_crc32c_sw(0, b.p + 3, lens[i]));
     free(b.base);
 }
 
