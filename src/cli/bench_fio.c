@@ -20,7 +20,7 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
-#include "cli/bench_fio.h"
+#include "cli/bench_io.h"
 #include "cli/cli.h"
 
 #if TIO_HAVE_JSONC
@@ -165,9 +165,11 @@ static int parse_fio_json(const bench_fio_job *job, bench_sample *out)
     double sys = ok ? member_number(j0, "sys_cpu", &ok) : 0;
     double runtime_ms = ok ? member_number(j0, "job_runtime", &ok) : 0;
     json_object_put(root);
-    if (!ok || !(bw > 0) || !(runtime_ms > 0))
+    if (!ok || !(bw > 0) || !(runtime_ms >= 0))
         return cli_error(CMD, "cannot read bw_bytes/usr_cpu/sys_cpu/job_runtime from fio's JSON "
                          "output in '%s'", job->json_path);
+    if (runtime_ms < 1) /* fio counts whole milliseconds: a tiny pass may show 0 */
+        runtime_ms = (double)job->size / bw * 1e3;
     out->gbps = bw / 1e9;
     double cpu = (usr + sys) / 100.0 * runtime_ms / 1000.0;
     out->cpu_per_gib = cpu / ((double)job->size / (1024.0 * 1024.0 * 1024.0));

@@ -21,35 +21,26 @@
  * Same files: fio is pointed at the engine's backing files.  Two files
  * differ in where they lie on the disk and in what the layers below the
  * file system (a virtual disk's host file, an SSD's mapping) hold for them;
- * on a virtual disk that alone moved either side by 2x.
- *
- * The engine side drives the public API the way an application would: one
- * 2 MiB-aligned allocation of 2 x QD buffers registered with
- * tio_engine_register_buffer, each request one buffer, a new one submitted
- * as soon as one is reaped (2 x QD kept submitted, so that the engine's
- * pending queue refills the ring from its completion thread without waiting
- * for this thread).  CPU: getrusage of this process over the pass, every
- * thread included; fio: the usr+sys it reports for its job.
+ * on a virtual disk that alone moved either side by 2x.  The sides are in
+ * bench_engine.c and bench_fio.c.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 
-#include "cli/bench_fio.h"
+#include "cli/bench_io.h"
 #include "cli/cli.h"
 #include "teraio/teraio.h"
 
 #define CMD "bench"
-#define MAX_DIRS 16
+#define MAX_DIRS BENCH_MAX_DIRS
 #define MAX_RUNS 100
 #define MAX_PASSES 16
-#define GIB (1024.0 * 1024.0 * 1024.0)
-#define HUGE_ALIGN (2u << 20)
 
 static void usage(FILE *f)
 {
@@ -111,14 +102,6 @@ static void progress(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fflush(stderr);
-}
-
-static double cpu_s(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
-           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
@@ -209,156 +192,6 @@ static int parse_args(int argc, char **argv, bench_args *a)
     return 0;
 }
 
-/* ---- the engine side ------------------------------------------------- */
-
-/* One engine over some directories: the base one (the given directories),
- * the one with checksums on, and the striping ones (subdirectories). */
-typedef struct {
-    tio_engine *engine;
-    bool crc;
-    uint32_t n_dirs;
-    char *dirs[MAX_DIRS];
-    tio_extent *extents;  /* crc: one per BS block (requests must be whole extents) */
-    tio_extent whole;     /* no crc: one extent, requests are slices of it */
-    char files[MAX_DIRS * 4200];
-} bench_engine;
-
-typedef struct {
-    const bench_args *a;
-    char *bufs;           /* n_bufs buffers of max_bs bytes, 2 MiB-aligned */
-    uint32_t n_bufs;
-    uint64_t max_bs;
-    uint32_t *order;      /* random-read block order (rand_size / 4096 entries) */
-} bench_buffers;
-
-static void engine_close(bench_engine *s)
-{
-    tio_engine_destroy(s->engine);
-    free(s->extents);
-    for (uint32_t i = 0; i < s->n_dirs; i++)
-        free(s->dirs[i]);
-    memset(s, 0, sizeof *s);
-}
-
-static int engine_open(bench_engine *s, const bench_args *a, const bench_buffers *b, bool crc,
-                       uint32_t n_dirs, const char *sub)
-{
-    memset(s, 0, sizeof *s);
-    s->crc = crc;
-    s->n_dirs = n_dirs;
-    for (uint32_t i = 0; i < n_dirs; i++) {
-        const char *base = a->dirs[i % a->n_dirs];
-        size_t len = strlen(base) + 64;
-        if (!(s->dirs[i] = malloc(len)))
-            return cli_error(CMD, "out of memory");
-        if (sub) {
-            snprintf(s->dirs[i], len, "%s/teraio-bench-%s-%u", base, sub, i);
-            if (mkdir(s->dirs[i], 0700) != 0 && errno != EEXIST)
-                return cli_error(CMD, "cannot create '%s': %s", s->dirs[i], strerror(errno));
-        } else {
-            snprintf(s->dirs[i], len, "%s", base);
-        }
-    }
-    tio_engine_options opt;
-    tio_engine_options_default(&opt);
-    opt.dirs = (const char *const *)s->dirs;
-    opt.n_dirs = n_dirs;
-    opt.space_bytes = a->size;
-    opt.stripe_bytes = (uint32_t)a->bs;
-    opt.request_bytes = (uint32_t)a->bs;
-    opt.queue_depth = a->qd;
-    opt.checksum = crc;
-    int rc = tio_engine_create(&opt, &s->engine);
-    if (rc)
-        return cli_lib_error(CMD, rc);
-    uint64_t n = a->size / a->bs;
-    if (crc) {
-        if (!(s->extents = malloc(n * sizeof *s->extents)))
-            return cli_error(CMD, "out of memory");
-        for (uint64_t i = 0; i < n; i++)
-            if ((rc = tio_engine_alloc(s->engine, a->bs, &s->extents[i])) != 0)
-                return cli_lib_error(CMD, rc);
-    } else if ((rc = tio_engine_alloc(s->engine, a->size, &s->whole)) != 0) {
-        return cli_lib_error(CMD, rc);
-    }
-    if ((rc = tio_engine_register_buffer(s->engine, b->bufs, (uint64_t)b->n_bufs * b->max_bs)))
-        return cli_lib_error(CMD, rc);
-    size_t used = 0;
-    for (uint32_t i = 0; i < n_dirs; i++)
-        used += (size_t)snprintf(s->files + used, sizeof s->files - used, "%s%s", i ? ":" : "",
-                                 tio_engine_backing_path(s->engine, i));
-    return 0;
-}
-
-/* Random reads: a permutation of the bytes / bs blocks, the same for every
- * round (fio draws its own, also each block once). */
-static void shuffle_blocks(bench_buffers *b, uint64_t bs, uint64_t bytes)
-{
-    uint32_t n = (uint32_t)(bytes / bs);
-    uint64_t x = 0x9E3779B97F4A7C15ull ^ bs;
-    for (uint32_t i = 0; i < n; i++)
-        b->order[i] = i;
-    for (uint32_t i = n; i > 1; i--) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        uint32_t j = (uint32_t)(x % i), t = b->order[i - 1];
-        b->order[i - 1] = b->order[j];
-        b->order[j] = t;
-    }
-}
-
-/* Request i of a pass: sequential, or the i-th block of the random order. */
-static tio_extent request_extent(const bench_engine *s, const bench_buffers *b, bool random,
-                                 uint64_t bs, uint64_t i)
-{
-    if (s->crc)
-        return s->extents[i];
-    uint64_t off = (random ? (uint64_t)b->order[i] : i) * bs;
-    return (tio_extent){.offset = s->whole.offset + off, .bytes = bs};
-}
-
-/* One pass: n_req requests of bs bytes with 2 x qd kept submitted. */
-static int engine_pass(const bench_engine *s, bench_buffers *b, bool write, bool random,
-                       uint64_t bs, uint64_t bytes, bench_sample *out)
-{
-    if (random)
-        shuffle_blocks(b, bs, bytes);
-    uint64_t n_req = bytes / bs, next = 0, done = 0;
-    uint32_t free_slots[2 * 4096], n_free = b->n_bufs;
-    for (uint32_t i = 0; i < b->n_bufs; i++)
-        free_slots[i] = i;
-    tio_completion comp[128];
-    uint64_t t0 = tio_now_ns();
-    double c0 = cpu_s();
-    while (done < n_req) {
-        while (next < n_req && n_free > 0) {
-            uint32_t slot = free_slots[--n_free];
-            tio_extent x = request_extent(s, b, random, bs, next);
-            char *buf = b->bufs + (size_t)slot * b->max_bs;
-            int rc = write ? tio_engine_submit_write(s->engine, &x, buf, bs, slot, false)
-                           : tio_engine_submit_read(s->engine, &x, buf, bs, slot, false);
-            if (rc)
-                return cli_lib_error(CMD, rc);
-            next++;
-        }
-        int n = tio_engine_reap(s->engine, comp, 128, 1);
-        if (n < 0)
-            return cli_lib_error(CMD, n);
-        for (int i = 0; i < n; i++) {
-            if (comp[i].result)
-                return cli_error(CMD, "engine %s: %s", write ? "write" : "read",
-                                 tio_engine_completion_error(s->engine, comp[i].tag));
-            free_slots[n_free++] = (uint32_t)comp[i].tag;
-        }
-        done += (uint64_t)n;
-    }
-    double dt = (double)(tio_now_ns() - t0) * 1e-9, cpu = cpu_s() - c0;
-    out->gbps = (double)bytes / dt / 1e9;
-    out->cpu_per_gib = cpu / ((double)bytes / GIB);
-    return 0;
-}
-
 /* ---- passes, rounds, report ------------------------------------------ */
 
 enum { SIDE_ENGINE, SIDE_CRC, SIDE_FIO_DEFAULT, SIDE_FIO_BEST, N_SIDES };
@@ -431,7 +264,7 @@ static int run_side(bench_run *r, bench_pass *p, int side, uint32_t round)
     const bench_engine *e = &r->eng[side == SIDE_CRC ? ENG_CRC : p->engine];
     bench_sample *out = &p->s[side][round];
     if (side == SIDE_ENGINE || side == SIDE_CRC)
-        return engine_pass(e, &r->b, p->write, p->random, p->bs, p->bytes, out);
+        return bench_engine_pass(e, &r->b, p->write, p->random, p->bs, p->bytes, out);
     bench_fio_job job = {.files = e->files, .json_path = r->json_path, .log_path = r->log_path,
                          .size = p->bytes, .bs = p->bs, .qd = r->a->qd, .write = p->write,
                          .random = p->random, .best = side == SIDE_FIO_BEST, .h = &r->h};
@@ -475,6 +308,16 @@ static void json_string(const char *s)
     putchar('"');
 }
 
+/* A JSON number, or null where it is not finite (a ratio over a CPU time
+ * too small to measure). */
+static void json_number(const char *key, double v, int decimals)
+{
+    if (isfinite(v))
+        printf(", \"%s\": %.*f", key, decimals, v);
+    else
+        printf(", \"%s\": null", key);
+}
+
 static void print_json(const bench_run *r)
 {
     const bench_args *a = r->a;
@@ -499,16 +342,15 @@ static void print_json(const bench_run *r)
                (unsigned long long)p->bytes, r->eng[p->engine].n_dirs);
         for (int side = 0; side < N_SIDES; side++)
             if (side != SIDE_CRC || p->with_crc)
-                printf(", \"%s\": {\"gbps\": %.4f, \"cpu_s_per_gib\": %.5f}", side_name[side],
+                printf(", \"%s\": {\"gbps\": %.6f, \"cpu_s_per_gib\": %.6f}", side_name[side],
                        m[side].gbps, m[side].cpu_per_gib);
-        printf(", \"ratio\": %.4f, \"cpu_ratio\": %.4f, \"ratio_default\": %.4f",
-               m[SIDE_ENGINE].gbps / m[SIDE_FIO_BEST].gbps,
-               m[SIDE_ENGINE].cpu_per_gib / m[SIDE_FIO_BEST].cpu_per_gib,
-               m[SIDE_ENGINE].gbps / m[SIDE_FIO_DEFAULT].gbps);
-        if (p->with_crc)
-            printf(", \"crc_ratio\": %.4f, \"crc_cpu_s_per_gib\": %.5f",
-                   m[SIDE_CRC].gbps / m[SIDE_ENGINE].gbps,
-                   m[SIDE_CRC].cpu_per_gib - m[SIDE_ENGINE].cpu_per_gib);
+        json_number("ratio", m[SIDE_ENGINE].gbps / m[SIDE_FIO_BEST].gbps, 4);
+        json_number("cpu_ratio", m[SIDE_ENGINE].cpu_per_gib / m[SIDE_FIO_BEST].cpu_per_gib, 4);
+        json_number("ratio_default", m[SIDE_ENGINE].gbps / m[SIDE_FIO_DEFAULT].gbps, 4);
+        if (p->with_crc) {
+            json_number("crc_ratio", m[SIDE_CRC].gbps / m[SIDE_ENGINE].gbps, 4);
+            json_number("crc_cpu_s_per_gib", m[SIDE_CRC].cpu_per_gib - m[SIDE_ENGINE].cpu_per_gib, 5);
+        }
         printf("}");
     }
     printf("]}\n");
@@ -550,43 +392,31 @@ static void print_table(const bench_run *r)
     }
 }
 
-/* Buffers, the random order, the engines each pass needs, fio's memory. */
+/* Buffers, the engines the passes need, fio's memory. */
 static int run_setup(bench_run *r)
 {
     const bench_args *a = r->a;
-    bench_buffers *b = &r->b;
-    b->a = a;
-    b->n_bufs = 2 * a->qd;
-    b->max_bs = a->bs > (128u << 10) ? a->bs : (128u << 10);
-    size_t total = (size_t)b->n_bufs * b->max_bs;
-    void *p;
-    if (posix_memalign(&p, HUGE_ALIGN, (total + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN) != 0)
-        return cli_error(CMD, "out of memory for %u buffers of %llu bytes", b->n_bufs,
-                         (unsigned long long)b->max_bs);
-    b->bufs = p;
-    for (size_t i = 0; i < total; i++)
-        b->bufs[i] = (char)(i * 131u + (i >> 12));
-    uint32_t n_blocks = (uint32_t)(a->rand_size / 4096);
-    if (!(b->order = malloc(n_blocks * sizeof *b->order)))
-        return cli_error(CMD, "out of memory");
+    uint64_t max_bs = a->bs > (128u << 10) ? a->bs : (128u << 10);
+    int rc = bench_buffers_init(&r->b, 2 * a->qd, max_bs, a->rand_size / 4096);
     r->n_passes = make_passes(a, r->passes);
     bool need[N_ENGINES] = {true, (a->passes & PASS_SEQ) != 0, (a->passes & PASS_STRIPE) != 0,
                             (a->passes & PASS_STRIPE) != 0};
     static const char *const sub[N_ENGINES] = {NULL, "crc", "stripe2", "stripe4"};
-    static const uint32_t dirs[N_ENGINES] = {0, 0, 2, 4};
-    for (int k = 0; k < N_ENGINES; k++) {
-        int rc = need[k] ? engine_open(&r->eng[k], a, b, k == ENG_CRC,
-                                       dirs[k] ? dirs[k] : a->n_dirs, sub[k])
-                         : 0;
-        if (rc)
-            return rc;
+    static const uint32_t n_dirs[N_ENGINES] = {0, 0, 2, 4};
+    for (int k = 0; k < N_ENGINES && !rc; k++) {
+        bench_engine_config c = {.dirs = a->dirs, .n_given = a->n_dirs,
+                                 .n_dirs = n_dirs[k] ? n_dirs[k] : a->n_dirs, .sub = sub[k],
+                                 .size = a->size, .bs = a->bs, .qd = a->qd, .crc = k == ENG_CRC};
+        if (need[k])
+            rc = bench_engine_open(&r->eng[k], &c, &r->b);
     }
     snprintf(r->json_path, sizeof r->json_path, "%s/teraio-bench-fio.%ld.json", a->dirs[0],
              (long)getpid());
     snprintf(r->log_path, sizeof r->log_path, "%s/teraio-bench-fio.%ld.log", a->dirs[0],
              (long)getpid());
-    bench_hugemem_setup(&r->h, (uint64_t)a->qd * b->max_bs);
-    return 0;
+    if (!rc)
+        bench_hugemem_setup(&r->h, (uint64_t)a->qd * max_bs);
+    return rc;
 }
 
 static int run_bench(const bench_args *a)
@@ -599,7 +429,7 @@ static int run_bench(const bench_args *a)
     /* The random passes read what the sequential write left: write first. */
     if (!rc && !(a->passes & PASS_SEQ) && (a->passes & PASS_RAND)) {
         bench_sample ignored;
-        rc = engine_pass(&r->eng[ENG_BASE], &r->b, true, false, a->bs, a->size, &ignored);
+        rc = bench_engine_pass(&r->eng[ENG_BASE], &r->b, true, false, a->bs, a->size, &ignored);
     }
     if (!rc)
         rc = run_rounds(r);
@@ -608,23 +438,11 @@ static int run_bench(const bench_args *a)
     else if (!rc)
         print_table(r);
     bench_hugemem_restore(&r->h);
-    for (int k = 0; k < N_ENGINES; k++) {
-        bool sub = k != ENG_BASE && r->eng[k].engine;
-        uint32_t n = r->eng[k].n_dirs;
-        char *dirs[MAX_DIRS];
-        for (uint32_t i = 0; i < n; i++)
-            dirs[i] = sub ? strdup(r->eng[k].dirs[i]) : NULL;
-        engine_close(&r->eng[k]);
-        for (uint32_t i = 0; i < n; i++) {
-            if (dirs[i])
-                rmdir(dirs[i]);
-            free(dirs[i]);
-        }
-    }
+    for (int k = 0; k < N_ENGINES; k++)
+        bench_engine_close(&r->eng[k]);
     unlink(r->json_path);
     unlink(r->log_path);
-    free(r->b.bufs);
-    free(r->b.order);
+    bench_buffers_fini(&r->b);
     free(r);
     return rc;
 }

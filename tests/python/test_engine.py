@@ -1,7 +1,11 @@
 """teraio.core.Engine: its options, its life cycle, and what a damaged
 backing file does to a live run (issue 12, items 2, 6, 8)."""
 import glob
+import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +120,27 @@ def test_backing_file_damaged_during_live_run(ssd_dir, damage):
     rt._p = None
     engine.close()
     assert glob.glob(os.path.join(ssd_dir, "teraio.*")) == []
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="needs fio (scripts/deps installs it)")
+def test_bench_io_reports_fio_default_and_best(tmp_path):
+    """Issue 17: `teraio bench io --json` reports fio_default and fio_best for
+    every pass, says how fio_best got its memory, and leaves no file behind."""
+    teraio = Path(__file__).resolve().parents[2] / "build" / "bin" / "teraio"
+    before = Path("/proc/sys/vm/nr_hugepages").read_text()
+    out = subprocess.run([str(teraio), "bench", "io", "--dir", str(tmp_path), "--size", "8MiB", "--runs", "1",
+                          "--rand-size", "1MiB", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    names = [p["name"] for p in j["passes"]]
+    assert names == ["write_1024k", "read_1024k", "randread_4k", "randread_32k", "randread_128k",
+                     "stripe2_write", "stripe2_read", "stripe4_write", "stripe4_read"]
+    for p in j["passes"]:
+        for side in ("engine", "fio_default", "fio_best"):
+            assert p[side]["gbps"] > 0 and p[side]["cpu_s_per_gib"] >= 0
+        assert p["ratio"] == pytest.approx(p["engine"]["gbps"] / p["fio_best"]["gbps"], rel=1e-2)
+        assert ("engine_crc" in p) == p["name"].endswith("1024k")
+    assert j["fio_best_memory"] and j["fio_best_iomem"]
+    assert Path("/proc/sys/vm/nr_hugepages").read_text() == before
+    assert "target" not in out.stdout
+    assert list(tmp_path.iterdir()) == []
