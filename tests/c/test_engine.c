@@ -732,13 +732,15 @@ static void test_engine_memory_grows_with_dirs(void **state)
     roundtrip_70000(e);
     tio_engine_destroy(e);
 
-    /* 64 directories, 4 GiB: 4 buffers each (256 MiB in all); 2 directories:
-     * queue_depth (32) each, as before. */
-    opt.space_bytes = 4ull << 30;
+    /* 64 directories, 512 MiB (8 MiB each): 4 buffers each (256 MiB in all,
+     * the cap);
+     * 2 directories, 64 MiB: queue_depth (32) each, as before. */
+    opt.space_bytes = 512 * MIB;
     assert_int_equal(tio_engine_create(&opt, &e), 0);
     assert_int_equal(e->dirs[63].n_bounce, 4);
     tio_engine_destroy(e);
     opt.n_dirs = 2;
+    opt.space_bytes = 64 * MIB;
     assert_int_equal(tio_engine_create(&opt, &e), 0);
     assert_int_equal(e->dirs[0].n_bounce, 32);
     assert_int_equal(e->dirs[1].n_bounce, 32);
