@@ -41,8 +41,10 @@ def machine() -> dict:
                               text=True).stdout.split()
         if info:
             name, size, rota = info[:3]
-            kind = f"rotational={rota} as the kernel reports"
-            disk = f"{src} ({size}, {kind}{', ' + ' '.join(info[3:]) if info[3:] else ''})"
+            driver = Path(f"/sys/block/{name}/device/driver")
+            kind = [size, f"driver {driver.resolve().name}" if driver.exists() else "",
+                    f"rotational={rota} as the kernel reports", " ".join(info[3:])]
+            disk = f"{src} ({', '.join(k for k in kind if k)})"
     except (OSError, subprocess.CalledProcessError, StopIteration):
         pass
     virt = subprocess.run(["systemd-detect-virt"], capture_output=True, text=True).stdout.strip() \
