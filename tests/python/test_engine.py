@@ -11,23 +11,10 @@ import pytest
 
 from teraio import _lib as L
 from teraio._lib import TeraioError
-from teraio.core import Engine, Lifetime, Plan
-from teraio.torch import OffloadRuntime, Profiler
+from teraio.core import Engine
 
 from conftest import TinyJob
-
-
-def planned(job, ssd_dir, crc=True):
-    prof = Profiler(job.model, job.opt)
-    losses = []
-    for i in range(2):
-        with prof.iteration():
-            losses.append(job.step(i).item())
-    trace = prof.trace()
-    lt = Lifetime(trace)
-    plan = Plan.build(trace, lt, lt.peak_bytes // 2, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
-    engine = Engine([ssd_dir], space_bytes=2 * lt.peak_bytes + (16 << 20), crc=crc)
-    return trace, plan, engine, losses
+from test_offload import profiled_runtime
 
 
 def backing_file(ssd_dir):
@@ -71,8 +58,7 @@ def test_engine_closed_while_runtime_bound(ssd_dir):
     ref = TinyJob()
     ref_losses = [ref.step(i).item() for i in range(len(ref.batches))]
     job = TinyJob()
-    trace, plan, engine, losses = planned(job, ssd_dir)
-    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    rt, _plan, _lt, losses, engine = profiled_runtime(job, ssd_dir)
     with rt.iteration():
         losses.append(job.step(2).item())
     engine.close()
@@ -96,8 +82,7 @@ def test_backing_file_damaged_during_live_run(ssd_dir, damage):
     engine's default CRC32C, the next read of a damaged tensor raises an
     error naming the tensor and the file."""
     job = TinyJob()
-    trace, plan, engine, _ = planned(job, ssd_dir)
-    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    rt, _plan, _lt, _losses, engine = profiled_runtime(job, ssd_dir)
     with rt.iteration():
         job.step(2)
     assert rt._released, "the plan keeps some tensor on SSD across the iteration boundary"
