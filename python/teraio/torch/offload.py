@@ -394,9 +394,14 @@ class OffloadRuntime:
             L.check(L.tio_runtime_ensure_resident(self._p, i, None))
 
     def _guard_on(self) -> None:
-        if self.safe and not self._guard_pushed:
-            _push_mode(self._guard)
-            self._guard_pushed = True
+        """Between iterations, guard operators (a Python call per operator)
+        only while some bound tensor is away or moving."""
+        if not self.safe or self._guard_pushed:
+            return
+        if all(L.tio_runtime_is_resident(self._p, i) for i in self._bound):
+            return
+        _push_mode(self._guard)
+        self._guard_pushed = True
 
     def _guard_off(self) -> None:
         """Take the guard off the mode stack if it is on top; below another
