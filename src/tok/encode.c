@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "tok/split_builtin.h"
 #include "tok/tok_internal.h"
 
 #define SMALL_PIECE 64
@@ -59,6 +60,11 @@ typedef struct {
     tok_ctx *ctx;
     uint32_t *ids;
     size_t n, cap;
+    /* tok_split_pieces: piece ends (offsets from base) go to ends[cap]
+     * instead of ids; `regex` forces PCRE2 for built-in patterns. */
+    size_t *ends;
+    const uint8_t *base;
+    bool regex;
 } encoder;
 
 /* ---- per-thread state -------------------------------------------------- */
@@ -346,9 +352,19 @@ static int emit_merged(encoder *e, const uint8_t *p, size_t n)
     return 0;
 }
 
+static int record_piece(encoder *e, const uint8_t *p, size_t n)
+{
+    if (e->n >= e->cap)
+        return -ENOSPC;
+    e->ends[e->n++] = (size_t)(p + n - e->base);
+    return 0;
+}
+
 static int encode_piece(encoder *e, const uint8_t *p, size_t n)
 {
     const tio_tok *tok = e->tok;
+    if (e->ends)
+        return record_piece(e, p, n);
     if (n == 1)
         return emit(e, tok->byte_id[p[0]]);
     uint64_t h = tok_hash(p, n);
@@ -473,10 +489,41 @@ static int split_regex(encoder *e, int stage, const uint8_t *s, size_t n)
 }
 #endif
 
+/* The pieces of a built-in pattern (split_builtin.h), each to the next
+ * stage or, after the last, to BPE. */
+static inline __attribute__((always_inline)) int
+split_with(encoder *e, int stage, const uint8_t *s, size_t n,
+           size_t (*piece_end)(const uint8_t *, size_t, size_t))
+{
+    bool last = stage + 1 == e->tok->n_stages;
+    for (size_t i = 0, end; i < n; i = end) {
+        end = piece_end(s, n, i);
+        int rc = last ? encode_piece(e, s + i, end - i) : split_stage(e, stage + 1, s + i, end - i);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int split_builtin(encoder *e, int stage, int kind, const uint8_t *s, size_t n)
+{
+    switch (kind) {
+    case TOK_SPLIT_GPT2:
+        return split_with(e, stage, s, n, piece_gpt2);
+    case TOK_SPLIT_CL100K:
+        return split_with(e, stage, s, n, piece_cl100k);
+    default:
+        return split_with(e, stage, s, n, piece_o200k);
+    }
+}
+
 static int split_stage(encoder *e, int stage, const uint8_t *s, size_t n)
 {
     if (stage == e->tok->n_stages)
         return encode_piece(e, s, n);
+    int builtin = e->tok->stages[stage].builtin;
+    if (builtin != TOK_SPLIT_REGEX && !e->regex)
+        return split_builtin(e, stage, builtin, s, n);
 #if TIO_HAVE_PCRE2
     return split_regex(e, stage, s, n);
 #else
@@ -503,6 +550,7 @@ static int encode_ordinary(encoder *e, const uint8_t *s, size_t n)
         memcpy(c->prefixed + 1, s, n);
         s = c->prefixed;
         n++;
+        e->base = s;
     }
     size_t i = 0;
     while (i < n) {
@@ -580,7 +628,7 @@ int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special
     if (special < TIO_TOK_SPECIAL_TEXT || special > TIO_TOK_SPECIAL_REJECT)
         return tio_fail(-EINVAL, "tio_tok_encode: special mode %d is not one of TIO_TOK_SPECIAL_*",
                         special);
-    encoder e = {tok, NULL, ids, 0, cap};
+    encoder e = {.tok = tok, .ids = ids, .cap = cap};
     int rc = ctx_get(tok, &e.ctx);
     if (rc)
         return rc;
@@ -588,6 +636,20 @@ int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special
     *n_ids = e.n;
     if (rc == -ENOSPC)
         return tio_fail(-ENOSPC, "%zu ids do not fit: the output holds %zu", len, cap);
+    return rc;
+}
+
+int tok_split_pieces(const tio_tok *tok, bool regex, const void *text, size_t len, size_t *ends,
+                     size_t cap, size_t *n)
+{
+    *n = 0;
+    if (regex && !TIO_HAVE_PCRE2)
+        return tio_fail(-ENOTSUP, "teraio was built without PCRE2");
+    encoder e = {.tok = tok, .cap = cap, .ends = ends, .base = text, .regex = regex};
+    int rc = ctx_get(tok, &e.ctx);
+    if (rc == 0)
+        rc = encode_ordinary(&e, text, len);
+    *n = e.n;
     return rc;
 }
 

@@ -52,11 +52,30 @@ typedef struct {
     uint32_t off, len, id; /* text in the arena */
 } tok_special;
 
+/* The split patterns that split_builtin.h implements without a regex
+ * engine: GPT-2's (r50k_base, p50k_base, HF ByteLevel), cl100k_base's
+ * (also Llama 3's tokenizer.json) and o200k_base's, as tiktoken <= 0.7
+ * spelled them. */
+#define TOK_PATTERN_GPT2 \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define TOK_PATTERN_CL100K                                                                     \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+" \
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define TOK_PATTERN_O200K                                                                          \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"           \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"                                                                \
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"          \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"                                                                \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+enum { TOK_SPLIT_REGEX, TOK_SPLIT_GPT2, TOK_SPLIT_CL100K, TOK_SPLIT_O200K };
+
 typedef struct {
 #if TIO_HAVE_PCRE2
-    pcre2_code *code;
+    pcre2_code *code; /* also for built-in patterns: the tests' reference */
     bool jit;
 #endif
+    int builtin;    /* TOK_SPLIT_*: split_builtin.h implements the pattern */
     bool keep_gaps; /* text between matches is a piece too (HF "Isolated") */
 } tok_stage;
 
@@ -126,7 +145,8 @@ int tok_prune_unreachable(tio_tok *tok);
 
 /* ---- split.c: the split regex ------------------------------------------ */
 
-/* Compile `pattern` as stage tok->n_stages (PCRE2, UTF, \s rewritten). */
+/* Compile `pattern` as stage tok->n_stages (PCRE2, UTF, \s rewritten;
+ * a TOK_PATTERN_* also gets its built-in splitter, and needs no PCRE2). */
 int tok_add_stage(tio_tok *tok, const char *pattern, size_t len, bool keep_gaps);
 void tok_free_stages(tio_tok *tok);
 
@@ -135,6 +155,13 @@ void tok_free_stages(tio_tok *tok);
 /* BPE-merge bytes p[0..n) into ids (at most n written); returns the count.
  * Used by tok_prune_unreachable with the caller's scratch. */
 size_t tok_merge_bytes(const tio_tok *tok, const uint8_t *p, size_t n, uint32_t *ids);
+/* The pieces the split yields for text[0..len) (special tokens are text),
+ * as their end offsets in ends[cap], *n their count; with `regex`, the
+ * PCRE2 path even for built-in patterns.  For the tests and fuzz_tok_split:
+ * returns 0, -ENOSPC (more than cap pieces) or the errors of encode;
+ * -ENOTSUP for `regex` without PCRE2. */
+int tok_split_pieces(const tio_tok *tok, bool regex, const void *text, size_t len, size_t *ends,
+                     size_t cap, size_t *n);
 /* Create the pthread key of the per-thread state; free all of it. */
 int tok_init_ctxs(tio_tok *tok);
 void tok_free_ctxs(tio_tok *tok);
