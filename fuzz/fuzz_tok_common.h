@@ -12,12 +12,7 @@
 #include <string.h>
 
 #include "teraio/tok.h"
-
-#define FUZZ_GPT2_PATTERN \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define FUZZ_CL100K_PATTERN                                                                    \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+" \
-    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#include "tok/tok_internal.h" /* TOK_PATTERN_* */
 
 /* "<base64 of byte b> b\n" for b = 0..255 into out (>= 256 * 12 bytes). */
 static inline size_t fuzz_byte_lines(char *out)
@@ -50,6 +45,37 @@ static inline void fuzz_round_trip(const tio_tok *tok, const uint8_t *data, size
     }
     free(ids);
     free(back);
+}
+
+/* A toy byte-level vocabulary (the 256 bytes plus merges of common ASCII
+ * pairs and triples) with split regex `pattern` and two special tokens. */
+static inline tio_tok *fuzz_toy_tok(const char *pattern)
+{
+    static const char *merged[] = {"th", "he", "the", " t", " th", " the", "in", "ing", "  ", "    ",
+                                   "\n\n", "12", "123", "er", "re", "'s", "<|", "|>"};
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *text = malloc(256 * 12 + 64 * 32);
+    size_t n = fuzz_byte_lines(text);
+    int rank = 256;
+    for (size_t i = 0; i < sizeof merged / sizeof merged[0]; i++) {
+        const uint8_t *s = (const uint8_t *)merged[i];
+        size_t len = strlen(merged[i]);
+        for (size_t k = 0; k < len; k += 3) {
+            uint32_t w = (uint32_t)s[k] << 16 | (k + 1 < len ? (uint32_t)s[k + 1] << 8 : 0) |
+                         (k + 2 < len ? s[k + 2] : 0);
+            text[n++] = b64[w >> 18];
+            text[n++] = b64[(w >> 12) & 63];
+            text[n++] = k + 1 < len ? b64[(w >> 6) & 63] : '=';
+            text[n++] = k + 2 < len ? b64[w & 63] : '=';
+        }
+        n += (size_t)sprintf(text + n, " %d\n", rank++);
+    }
+    static const tio_tok_special specials[] = {{"<|endoftext|>", 1000}, {"<|end|>", 1001}};
+    tio_tok *tok = NULL;
+    if (tio_tok_parse_tiktoken(&tok, text, n, pattern, specials, 2) != 0)
+        abort();
+    free(text);
+    return tok;
 }
 
 #endif

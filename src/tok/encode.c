@@ -31,12 +31,14 @@
 #define SMALL_PIECE 64
 #define CACHE_IDS 8
 
+_Static_assert(TIO_TOK_CACHE_PIECE_BYTES == TOK_KEY_BYTES, "cached pieces are compared by key");
+
 typedef struct {
-    uint32_t len;   /* 0: empty */
+    tok_key key;
+    uint32_t len; /* 0: empty */
     uint32_t n_ids;
-    uint8_t bytes[TIO_TOK_CACHE_PIECE_BYTES];
     uint32_t ids[CACHE_IDS];
-} cache_slot;
+} cache_slot; /* one cache line */
 
 struct tok_ctx {
     tok_ctx *next;
@@ -155,46 +157,60 @@ void tok_free_ctxs(tio_tok *tok)
 
 /* ---- BPE merge --------------------------------------------------------- */
 
+/* Pieces of up to SMALL_PIECE bytes: token i starts at byte i; rank[i] is
+ * the merge rank of the pair (token i, the next live token), UINT32_MAX
+ * when it does not merge or i is gone.  Each round scans all n ranks for the
+ * lowest (the first of equal ones, so the leftmost pair), merges it and
+ * unlinks the right token: no shifting of arrays, no heap. */
 static size_t merge_small(const tio_tok *tok, const uint8_t *p, size_t n, uint32_t *out)
 {
-    uint32_t id[SMALL_PIECE], rank[SMALL_PIECE], next_id[SMALL_PIECE];
-    for (size_t i = 0; i < n; i++)
+    uint32_t id[SMALL_PIECE], rank[SMALL_PIECE], merged[SMALL_PIECE];
+    uint8_t next[SMALL_PIECE], prev[SMALL_PIECE];
+    enum { END = SMALL_PIECE };
+    for (size_t i = 0; i < n; i++) {
         id[i] = tok->byte_id[p[i]];
+        next[i] = (uint8_t)(i + 1);
+        prev[i] = (uint8_t)(i - 1);
+    }
+    next[n - 1] = END;
+    prev[0] = END;
+    rank[n - 1] = UINT32_MAX;
     for (size_t i = 0; i + 1 < n; i++) {
         const tok_pair_slot *s = tok_pair_find(tok, id[i], id[i + 1]);
         rank[i] = s->rank;
-        next_id[i] = s->id;
+        merged[i] = s->id;
     }
-    size_t m = n;
-    while (m > 1) {
+    for (;;) {
         uint32_t best = UINT32_MAX;
         size_t at = 0;
-        for (size_t i = 0; i + 1 < m; i++)
+        for (size_t i = 0; i + 1 < n; i++)
             if (rank[i] < best) {
                 best = rank[i];
                 at = i;
             }
         if (best == UINT32_MAX)
             break;
-        id[at] = next_id[at];
-        m--;
-        for (size_t i = at + 1; i < m; i++) {
-            id[i] = id[i + 1];
-            rank[i] = rank[i + 1];
-            next_id[i] = next_id[i + 1];
-        }
-        if (at + 1 < m) {
-            const tok_pair_slot *s = tok_pair_find(tok, id[at], id[at + 1]);
+        size_t gone = next[at];
+        id[at] = merged[at];
+        rank[gone] = UINT32_MAX;
+        next[at] = next[gone];
+        if (next[gone] != END)
+            prev[next[gone]] = (uint8_t)at;
+        rank[at] = UINT32_MAX;
+        if (next[at] != END) {
+            const tok_pair_slot *s = tok_pair_find(tok, id[at], id[next[at]]);
             rank[at] = s->rank;
-            next_id[at] = s->id;
+            merged[at] = s->id;
         }
-        if (at > 0) {
-            const tok_pair_slot *s = tok_pair_find(tok, id[at - 1], id[at]);
-            rank[at - 1] = s->rank;
-            next_id[at - 1] = s->id;
+        if (prev[at] != END) {
+            const tok_pair_slot *s = tok_pair_find(tok, id[prev[at]], id[at]);
+            rank[prev[at]] = s->rank;
+            merged[prev[at]] = s->id;
         }
     }
-    memcpy(out, id, m * sizeof *id);
+    size_t m = 0;
+    for (size_t i = 0; i != END; i = next[i])
+        out[m++] = id[i];
     return m;
 }
 
@@ -352,7 +368,7 @@ static int emit_merged(encoder *e, const uint8_t *p, size_t n)
     return 0;
 }
 
-static int record_piece(encoder *e, const uint8_t *p, size_t n)
+static __attribute__((noinline)) int record_piece(encoder *e, const uint8_t *p, size_t n)
 {
     if (e->n >= e->cap)
         return -ENOSPC;
@@ -360,40 +376,57 @@ static int record_piece(encoder *e, const uint8_t *p, size_t n)
     return 0;
 }
 
-static int encode_piece(encoder *e, const uint8_t *p, size_t n)
+/* A piece longer than the cache holds: a whole token or merged. */
+static __attribute__((noinline)) int encode_long_piece(encoder *e, const uint8_t *p, size_t n)
 {
-    const tio_tok *tok = e->tok;
-    if (e->ends)
-        return record_piece(e, p, n);
-    if (n == 1)
-        return emit(e, tok->byte_id[p[0]]);
-    uint64_t h = tok_hash(p, n);
-    if (n > TIO_TOK_CACHE_PIECE_BYTES) {
-        uint32_t id = tok_piece_lookup(tok, p, n, h);
-        return id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
-    }
-    /* Short pieces look in this thread's cache first: it holds the recent
-     * ones, whole tokens included, in a quarter of a megabyte that stays in
-     * the core's own cache, while the token table is shared and larger. */
-    cache_slot *slot = &e->ctx->cache[(h >> 20) & (TIO_TOK_CACHE_ENTRIES - 1)];
-    if (slot->len == n && !memcmp(slot->bytes, p, n)) {
-        if (e->n + slot->n_ids > e->cap)
-            return -ENOSPC;
-        memcpy(e->ids + e->n, slot->ids, slot->n_ids * sizeof *slot->ids);
-        e->n += slot->n_ids;
-        return 0;
-    }
+    uint32_t id = tok_piece_lookup(e->tok, p, n, tok_hash(p, n));
+    return id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
+}
+
+/* A short piece not in `slot`: a whole token or merged, then cached. */
+static __attribute__((noinline)) int encode_new_piece(encoder *e, const uint8_t *p, size_t n,
+                                                      const tok_key *key, uint64_t h, cache_slot *slot)
+{
     size_t start = e->n;
-    uint32_t id = tok_piece_lookup(tok, p, n, h);
+    uint32_t id = tok_piece_lookup(e->tok, p, n, h);
     int rc = id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
     size_t m = e->n - start;
     if (rc == 0 && m <= CACHE_IDS) {
+        slot->key = *key;
         slot->len = (uint32_t)n;
         slot->n_ids = (uint32_t)m;
-        memcpy(slot->bytes, p, n);
         memcpy(slot->ids, e->ids + start, m * sizeof *slot->ids);
     }
     return rc;
+}
+
+/* The ids of one piece.  Inlined into the split loops: most pieces are
+ * found in the cache, and this path stays a few dozen instructions. */
+static inline int encode_piece(encoder *e, const uint8_t *p, size_t n)
+{
+    if (__builtin_expect(e->ends != NULL, 0))
+        return record_piece(e, p, n);
+    if (n == 1)
+        return emit(e, e->tok->byte_id[p[0]]);
+    if (n > TIO_TOK_CACHE_PIECE_BYTES)
+        return encode_long_piece(e, p, n);
+    /* Short pieces look in this thread's cache first: it holds the recent
+     * ones, whole tokens included, in a quarter of a megabyte that stays in
+     * the core's own cache, while the token table is shared and larger. */
+    tok_key key = tok_key_of(p, n);
+    uint64_t h = tok_key_hash(&key, n);
+    cache_slot *slot = &e->ctx->cache[(h >> 20) & (TIO_TOK_CACHE_ENTRIES - 1)];
+    if (slot->len != n || !tok_key_equal(&slot->key, &key))
+        return encode_new_piece(e, p, n, &key, h, slot);
+    size_t m = slot->n_ids, room = e->cap - e->n;
+    if (room >= CACHE_IDS) /* all of them where they fit: a fixed-size copy */
+        memcpy(e->ids + e->n, slot->ids, sizeof slot->ids);
+    else if (room >= m)
+        memcpy(e->ids + e->n, slot->ids, m * sizeof *slot->ids);
+    else
+        return -ENOSPC;
+    e->n += m;
+    return 0;
 }
 
 /* ---- UTF-8 ------------------------------------------------------------- */

@@ -166,35 +166,6 @@ int tok_split_pieces(const tio_tok *tok, bool regex, const void *text, size_t le
 int tok_init_ctxs(tio_tok *tok);
 void tok_free_ctxs(tio_tok *tok);
 
-/* Hash of a byte string (also picks the cache slot). */
-static inline uint64_t tok_hash(const uint8_t *p, size_t n)
-{
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
-        h ^= h >> 31;
-        p += 8;
-        n -= 8;
-    }
-    if (n) {
-        uint64_t v = 0;
-        if (n >= 4) {
-            uint32_t a, b;
-            memcpy(&a, p, 4);
-            memcpy(&b, p + n - 4, 4);
-            v = ((uint64_t)a << 32) | b;
-        } else {
-            v = ((uint64_t)p[0] << 16) | ((uint64_t)p[n / 2] << 8) | p[n - 1];
-        }
-        h = (h ^ v) * 0xff51afd7ed558ccdull;
-    }
-    h ^= h >> 29;
-    h *= 0x9e3779b97f4a7c15ull;
-    return h ^ (h >> 32);
-}
-
 /* The first bytes of p[0..n) (n >= 1) as one word; for a given n, equal
  * words mean equal bytes when n <= 8.  Bytes 1-3: first, middle, last;
  * 4-7: two overlapping 4-byte loads; 8+: the first 8. */
@@ -212,6 +183,59 @@ static inline uint64_t tok_head(const uint8_t *p, size_t n)
         return (uint64_t)a | ((uint64_t)b << 32);
     }
     return (uint64_t)p[0] | ((uint64_t)p[n / 2] << 8) | ((uint64_t)p[n - 1] << 16);
+}
+
+/* A byte string of 1 to TOK_KEY_BYTES bytes as three words which, for a
+ * given length, are equal exactly when the bytes are: tok_head, then for
+ * 9-16 bytes the last 8, for 17-24 bytes 8-15 and the last 8; unused words
+ * 0.  Pieces are compared and hashed by key, without a byte loop. */
+#define TOK_KEY_BYTES 24
+typedef struct {
+    uint64_t w[3];
+} tok_key;
+
+static inline tok_key tok_key_of(const uint8_t *p, size_t n)
+{
+    tok_key k = {{tok_head(p, n), 0, 0}};
+    if (n > 8)
+        memcpy(&k.w[1], n > 16 ? p + 8 : p + n - 8, 8);
+    if (n > 16)
+        memcpy(&k.w[2], p + n - 8, 8);
+    return k;
+}
+
+static inline bool tok_key_equal(const tok_key *a, const tok_key *b)
+{
+    return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2])) == 0;
+}
+
+static inline uint64_t tok_key_hash(const tok_key *k, size_t n)
+{
+    uint64_t h = (k->w[0] ^ (n << 56)) * 0x9e3779b97f4a7c15ull;
+    h = (h ^ (h >> 32) ^ k->w[1]) * 0xc4ceb9fe1a85ec53ull;
+    h = (h ^ (h >> 29) ^ k->w[2]) * 0xff51afd7ed558ccdull;
+    return h ^ (h >> 32);
+}
+
+/* Hash of a byte string (n >= 1): picks its slot in the whole-piece table
+ * and, for pieces of up to TOK_KEY_BYTES, in the per-thread cache. */
+static inline uint64_t tok_hash(const uint8_t *p, size_t n)
+{
+    if (n <= TOK_KEY_BYTES) {
+        tok_key k = tok_key_of(p, n);
+        return tok_key_hash(&k, n);
+    }
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (n * 0xff51afd7ed558ccdull);
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
+        h ^= h >> 31;
+    }
+    h = (h ^ (n ? tok_head(p, n) : 0)) * 0xff51afd7ed558ccdull;
+    h ^= h >> 29;
+    h *= 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 32);
 }
 
 /* Id of the token whose bytes are p[0..n) (n >= 1), or TOK_NONE; h is
