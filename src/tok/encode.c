@@ -379,7 +379,7 @@ static __attribute__((noinline)) int record_piece(encoder *e, const uint8_t *p, 
 /* A piece longer than the cache holds: a whole token or merged. */
 static __attribute__((noinline)) int encode_long_piece(encoder *e, const uint8_t *p, size_t n)
 {
-    uint32_t id = tok_piece_lookup(e->tok, p, n, tok_hash(p, n));
+    uint32_t id = tok_piece_lookup(e->tok, p, n, tok_hash(p, n), tok_head(p, n));
     return id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
 }
 
@@ -388,7 +388,7 @@ static __attribute__((noinline)) int encode_new_piece(encoder *e, const uint8_t 
                                                       const tok_key *key, uint64_t h, cache_slot *slot)
 {
     size_t start = e->n;
-    uint32_t id = tok_piece_lookup(e->tok, p, n, h);
+    uint32_t id = tok_piece_lookup(e->tok, p, n, h, key->w[0]);
     int rc = id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
     size_t m = e->n - start;
     if (rc == 0 && m <= CACHE_IDS) {
@@ -402,7 +402,7 @@ static __attribute__((noinline)) int encode_new_piece(encoder *e, const uint8_t 
 
 /* The ids of one piece.  Inlined into the split loops: most pieces are
  * found in the cache, and this path stays a few dozen instructions. */
-static inline int encode_piece(encoder *e, const uint8_t *p, size_t n)
+static inline __attribute__((always_inline)) int encode_piece(encoder *e, const uint8_t *p, size_t n)
 {
     if (__builtin_expect(e->ends != NULL, 0))
         return record_piece(e, p, n);
@@ -566,25 +566,9 @@ static int split_stage(encoder *e, int stage, const uint8_t *s, size_t n)
 
 /* A stretch of text without special tokens: valid UTF-8 runs go through
  * the regex, invalid runs are pieces of their own. */
-static int encode_ordinary(encoder *e, const uint8_t *s, size_t n)
+/* Valid UTF-8 runs of s[0..n) through the split, invalid runs as pieces. */
+static int encode_runs(encoder *e, const uint8_t *s, size_t n)
 {
-    if (!n)
-        return 0;
-    if (e->tok->add_prefix_space && s[0] != ' ') {
-        tok_ctx *c = e->ctx;
-        if (c->prefixed_cap < n + 1) {
-            uint8_t *b = realloc(c->prefixed, n + 1);
-            if (!b)
-                return tio_fail(-ENOMEM, "out of memory for %zu bytes of text", n + 1);
-            c->prefixed = b;
-            c->prefixed_cap = n + 1;
-        }
-        c->prefixed[0] = ' ';
-        memcpy(c->prefixed + 1, s, n);
-        s = c->prefixed;
-        n++;
-        e->base = s;
-    }
     size_t i = 0;
     while (i < n) {
         size_t valid = utf8_valid_prefix(s + i, n - i);
@@ -605,6 +589,27 @@ static int encode_ordinary(encoder *e, const uint8_t *s, size_t n)
         }
     }
     return 0;
+}
+
+/* A stretch of text without special tokens (HF add_prefix_space: with a
+ * space in front, in the thread's copy). */
+static int encode_ordinary(encoder *e, const uint8_t *s, size_t n)
+{
+    if (!n)
+        return 0;
+    if (!e->tok->add_prefix_space || s[0] == ' ')
+        return encode_runs(e, s, n);
+    tok_ctx *c = e->ctx;
+    if (c->prefixed_cap < n + 1) {
+        uint8_t *b = realloc(c->prefixed, n + 1);
+        if (!b)
+            return tio_fail(-ENOMEM, "out of memory for %zu bytes of text", n + 1);
+        c->prefixed = b;
+        c->prefixed_cap = n + 1;
+    }
+    c->prefixed[0] = ' ';
+    memcpy(c->prefixed + 1, s, n);
+    return encode_runs(e, c->prefixed, n + 1);
 }
 
 /* Leftmost special token at or after `from`, longest at that position. */
@@ -678,6 +683,8 @@ int tok_split_pieces(const tio_tok *tok, bool regex, const void *text, size_t le
     *n = 0;
     if (regex && !TIO_HAVE_PCRE2)
         return tio_fail(-ENOTSUP, "teraio was built without PCRE2");
+    if (tok->add_prefix_space)
+        return tio_fail(-ENOTSUP, "tok_split_pieces: add_prefix_space moves the text");
     encoder e = {.tok = tok, .cap = cap, .ends = ends, .base = text, .regex = regex};
     int rc = ctx_get(tok, &e.ctx);
     if (rc == 0)

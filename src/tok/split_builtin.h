@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tok/unicode_class.h"
 
@@ -41,15 +42,13 @@
 #define UC_UP 8u    /* [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] */
 #define UC_LO 16u   /* [\p{Ll}\p{Lm}\p{Lo}\p{M}] */
 #define UC_CRLF 32u /* \r or \n */
+#define UC_HI 64u   /* uc_byte only: a byte from 0x80, look the code point up */
 
-/* Flags of the code point at s (valid UTF-8); *k gets its length in bytes. */
-static inline unsigned uc_class(const uint8_t *s, size_t *k)
+/* Flags of the code point at s (valid UTF-8, s[0] >= 0x80); *k gets its
+ * length in bytes. */
+static inline unsigned uc_class_hi(const uint8_t *s, size_t *k)
 {
     uint32_t c = s[0], cp;
-    if (c < 0x80) {
-        *k = 1;
-        return uc_rows[0][c];
-    }
     if (c < 0xe0) {
         *k = 2;
         cp = (c & 0x1f) << 6 | (s[1] & 0x3fu);
@@ -63,18 +62,65 @@ static inline unsigned uc_class(const uint8_t *s, size_t *k)
     return uc_rows[uc_block[cp >> 8]][cp & 0xff];
 }
 
-/* End of the run from s[i] of code points that have a flag of `mask`
- * (when `in`) or none of them (when !in). */
-static inline size_t uc_run(const uint8_t *s, size_t n, size_t i, unsigned mask, bool in)
+/* Flags of the code point at s (valid UTF-8); *k gets its length in bytes. */
+static inline unsigned uc_class(const uint8_t *s, size_t *k)
 {
-    while (i < n) {
-        size_t k;
-        unsigned f = uc_class(s + i, &k);
-        if (((f & mask) != 0) != in)
-            break;
-        i += k;
+    if (s[0] < 0x80) {
+        *k = 1;
+        return uc_byte[s[0]];
+    }
+    return uc_class_hi(s, k);
+}
+
+/* Bit 7 of each byte of x that lies in [lo, hi] (1 <= lo <= hi < 0x80),
+ * x's bytes below 0x80 (SWAR: one add per bound, no carry between bytes). */
+static inline uint64_t swar_in(uint64_t x, unsigned lo, unsigned hi)
+{
+    const uint64_t ones = 0x0101010101010101ull;
+    return (x + ones * (0x80 - lo)) & ~(x + ones * (0x7f - hi)) & (ones << 7);
+}
+
+/* The ASCII letters of a run of `mask` (UC_L: a-z A-Z, UC_LO: a-z,
+ * UC_UP: A-Z) from s[i], eight bytes at a time while they last: words end
+ * without a branch per letter. */
+static inline size_t ascii_letters(const uint8_t *s, size_t n, size_t i, unsigned mask)
+{
+    const uint64_t high = 0x8080808080808080ull;
+    while (n - i >= 8) {
+        uint64_t v, x;
+        memcpy(&v, s + i, 8);
+        x = (mask == UC_L ? v | 0x2020202020202020ull : v) & ~high;
+        uint64_t in = swar_in(x, mask == UC_UP ? 'A' : 'a', mask == UC_UP ? 'Z' : 'z') & ~v;
+        uint64_t stop = ~in & high;
+        if (stop)
+            return i + ((size_t)__builtin_ctzll(stop) >> 3);
+        i += 8;
     }
     return i;
+}
+
+/* End of the run from s[i] of code points that have a flag of `mask`
+ * (when `in`) or none of them (when !in).  ASCII bytes cost one table test
+ * each (a byte from 0x80 has only UC_HI, which ends the inner loop), or
+ * less for letters. */
+static inline size_t uc_run(const uint8_t *s, size_t n, size_t i, unsigned mask, bool in)
+{
+    for (;;) {
+        if (in && (mask == UC_L || mask == UC_LO || mask == UC_UP))
+            i = ascii_letters(s, n, i, mask);
+        if (in)
+            while (i < n && (uc_byte[s[i]] & mask))
+                i++;
+        else
+            while (i < n && !(uc_byte[s[i]] & (mask | UC_HI)))
+                i++;
+        if (i >= n || s[i] < 0x80)
+            return i;
+        size_t k;
+        if (((uc_class_hi(s + i, &k) & mask) != 0) != in)
+            return i;
+        i += k;
+    }
 }
 
 /* \p{N}{1,3} from s[i], whose first code point (k bytes) is a number. */

@@ -159,48 +159,48 @@ size_t tok_merge_bytes(const tio_tok *tok, const uint8_t *p, size_t n, uint32_t 
  * as their end offsets in ends[cap], *n their count; with `regex`, the
  * PCRE2 path even for built-in patterns.  For the tests and fuzz_tok_split:
  * returns 0, -ENOSPC (more than cap pieces) or the errors of encode;
- * -ENOTSUP for `regex` without PCRE2. */
+ * -ENOTSUP for `regex` without PCRE2 or a tokenizer with add_prefix_space. */
 int tok_split_pieces(const tio_tok *tok, bool regex, const void *text, size_t len, size_t *ends,
                      size_t cap, size_t *n);
 /* Create the pthread key of the per-thread state; free all of it. */
 int tok_init_ctxs(tio_tok *tok);
 void tok_free_ctxs(tio_tok *tok);
 
-/* The first bytes of p[0..n) (n >= 1) as one word; for a given n, equal
- * words mean equal bytes when n <= 8.  Bytes 1-3: first, middle, last;
- * 4-7: two overlapping 4-byte loads; 8+: the first 8. */
+/* The first min(n, 8) bytes of p[0..n) (n >= 1), zero-padded, as a
+ * little-endian word (equal words and lengths: equal bytes, for n <= 8).
+ * Reads only p[0..n). */
 static inline uint64_t tok_head(const uint8_t *p, size_t n)
 {
+    uint64_t v;
     if (n >= 8) {
-        uint64_t v;
         memcpy(&v, p, 8);
         return v;
     }
-    if (n >= 4) {
+    if (n >= 4) { /* bytes 0-3, then bytes 4..n-1 from the last four */
         uint32_t a, b;
         memcpy(&a, p, 4);
         memcpy(&b, p + n - 4, 4);
-        return (uint64_t)a | ((uint64_t)b << 32);
+        return a | ((uint64_t)b >> (8 * (8 - n))) << 32;
     }
-    return (uint64_t)p[0] | ((uint64_t)p[n / 2] << 8) | ((uint64_t)p[n - 1] << 16);
+    return p[0] | (uint64_t)p[n / 2] << (8 * (n / 2)) | (uint64_t)p[n - 1] << (8 * (n - 1));
 }
 
-/* A byte string of 1 to TOK_KEY_BYTES bytes as three words which, for a
- * given length, are equal exactly when the bytes are: tok_head, then for
- * 9-16 bytes the last 8, for 17-24 bytes 8-15 and the last 8; unused words
- * 0.  Pieces are compared and hashed by key, without a byte loop. */
+/* A byte string of 1 to TOK_KEY_BYTES bytes as three words, its bytes
+ * zero-padded: for a given length, equal keys mean equal bytes.  Pieces are
+ * compared and hashed by key, without a byte loop. */
 #define TOK_KEY_BYTES 24
 typedef struct {
     uint64_t w[3];
 } tok_key;
 
+/* The key of p[0..n), reading only those bytes. */
 static inline tok_key tok_key_of(const uint8_t *p, size_t n)
 {
     tok_key k = {{tok_head(p, n), 0, 0}};
     if (n > 8)
-        memcpy(&k.w[1], n > 16 ? p + 8 : p + n - 8, 8);
+        k.w[1] = tok_head(p + 8, n - 8);
     if (n > 16)
-        memcpy(&k.w[2], p + n - 8, 8);
+        k.w[2] = tok_head(p + 16, n - 16);
     return k;
 }
 
@@ -212,8 +212,8 @@ static inline bool tok_key_equal(const tok_key *a, const tok_key *b)
 static inline uint64_t tok_key_hash(const tok_key *k, size_t n)
 {
     uint64_t h = (k->w[0] ^ (n << 56)) * 0x9e3779b97f4a7c15ull;
-    h = (h ^ (h >> 32) ^ k->w[1]) * 0xc4ceb9fe1a85ec53ull;
-    h = (h ^ (h >> 29) ^ k->w[2]) * 0xff51afd7ed558ccdull;
+    if (n > 8) /* most pieces have at most 8 bytes: one multiply */
+        h = h ^ k->w[1] * 0xc4ceb9fe1a85ec53ull ^ k->w[2] * 0xff51afd7ed558ccdull;
     return h ^ (h >> 32);
 }
 
@@ -239,12 +239,12 @@ static inline uint64_t tok_hash(const uint8_t *p, size_t n)
 }
 
 /* Id of the token whose bytes are p[0..n) (n >= 1), or TOK_NONE; h is
- * tok_hash(p, n). */
-static inline uint32_t tok_piece_lookup(const tio_tok *tok, const uint8_t *p, size_t n, uint64_t h)
+ * tok_hash(p, n), head tok_head(p, n). */
+static inline uint32_t tok_piece_lookup(const tio_tok *tok, const uint8_t *p, size_t n, uint64_t h,
+                                        uint64_t head)
 {
     if (n > tok->max_piece_len)
         return TOK_NONE;
-    uint64_t head = tok_head(p, n);
     uint16_t tag = (uint16_t)(h >> 32);
     for (uint32_t i = (uint32_t)h & tok->piece_mask;; i = (i + 1) & tok->piece_mask) {
         const tok_piece_slot *s = &tok->pieces[i];

@@ -79,7 +79,7 @@ static uint32_t table_size(size_t n)
 
 uint32_t tok_piece_find(const tio_tok *tok, const uint8_t *p, size_t n)
 {
-    return n ? tok_piece_lookup(tok, p, n, tok_hash(p, n)) : TOK_NONE;
+    return n ? tok_piece_lookup(tok, p, n, tok_hash(p, n), tok_head(p, n)) : TOK_NONE;
 }
 
 int tok_build_pieces(tio_tok *tok, const uint8_t *is_special)
