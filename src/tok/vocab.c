@@ -138,14 +138,16 @@ void tok_pair_put(tio_tok *tok, uint32_t left, uint32_t right, uint32_t rank, ui
 
 int tok_pairs_from_ranks(tio_tok *tok)
 {
-    /* Every token of length L contributes at most L-1 pairs. */
-    size_t n = 0;
+    /* Every token of length L has at most L-1 splits into two tokens; the
+     * table is sized for those found, so that it stays as small (and as
+     * much in cache) as it can: a third of the upper bound in cl100k_base. */
+    size_t bound = 0, n = 0;
     for (uint32_t id = 0; id < tok->n_ids; id++)
         if (tok->tok_off[id] != TOK_NONE && tok->tok_len[id] > 1)
-            n += tok->tok_len[id] - 1;
-    int rc = tok_pairs_init(tok, n);
-    if (rc < 0)
-        return rc;
+            bound += tok->tok_len[id] - 1;
+    uint32_t(*found)[3] = malloc((bound ? bound : 1) * sizeof *found);
+    if (!found)
+        return tio_fail(-ENOMEM, "out of memory for the merge table");
     for (uint32_t id = 0; id < tok->n_ids; id++) {
         uint32_t len = tok->tok_len[id];
         if (tok->tok_off[id] == TOK_NONE || len < 2 || tok_piece_find(tok, tok->arena + tok->tok_off[id], len) != id)
@@ -153,14 +155,19 @@ int tok_pairs_from_ranks(tio_tok *tok)
         const uint8_t *p = tok->arena + tok->tok_off[id];
         for (uint32_t k = 1; k < len; k++) {
             uint32_t a = tok_piece_find(tok, p, k);
-            if (a == TOK_NONE)
-                continue;
-            uint32_t b = tok_piece_find(tok, p + k, len - k);
-            if (b != TOK_NONE)
-                tok_pair_put(tok, a, b, id, id);
+            uint32_t b = a == TOK_NONE ? TOK_NONE : tok_piece_find(tok, p + k, len - k);
+            if (b != TOK_NONE) {
+                found[n][0] = a;
+                found[n][1] = b;
+                found[n++][2] = id;
+            }
         }
     }
-    return 0;
+    int rc = tok_pairs_init(tok, n);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        tok_pair_put(tok, found[i][0], found[i][1], found[i][2], found[i][2]);
+    free(found);
+    return rc;
 }
 
 int tok_find_byte_ids(tio_tok *tok, const char *where)
