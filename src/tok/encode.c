@@ -176,9 +176,9 @@ static size_t merge_small(const tio_tok *tok, const uint8_t *p, size_t n, uint32
     prev[0] = END;
     rank[n - 1] = UINT32_MAX;
     for (size_t i = 0; i + 1 < n; i++) {
-        const tok_pair_slot *s = tok_pair_find(tok, id[i], id[i + 1]);
-        rank[i] = s->rank;
-        merged[i] = s->id;
+        tok_merge m = tok->byte_pairs[p[i] * 256 + p[i + 1]];
+        rank[i] = m.rank;
+        merged[i] = m.id;
     }
     for (;;) {
         uint32_t best = UINT32_MAX;
@@ -262,11 +262,11 @@ static size_t merge_large(const tio_tok *tok, const uint8_t *p, size_t n, uint32
         prev[i] = i ? (uint32_t)(i - 1) : TOK_NONE;
     }
     for (size_t i = 0; i + 1 < n; i++) {
-        const tok_pair_slot *s = tok_pair_find(tok, id[i], id[i + 1]);
-        rank[i] = s->rank;
-        merged[i] = s->id;
-        if (s->rank != UINT32_MAX)
-            heap_push(heap, &hn, ((uint64_t)s->rank << 32) | i);
+        tok_merge m = tok->byte_pairs[p[i] * 256 + p[i + 1]];
+        rank[i] = m.rank;
+        merged[i] = m.id;
+        if (m.rank != UINT32_MAX)
+            heap_push(heap, &hn, ((uint64_t)m.rank << 32) | i);
     }
     rank[n - 1] = UINT32_MAX;
     while (hn) {

@@ -419,7 +419,8 @@ static int build_hf(tio_tok *tok, const char *json, size_t len, const char *wher
         rc = tok_fail_at(rc, where, "");
         goto out;
     }
-    if ((rc = tok_find_byte_ids(tok, where)) < 0 || (rc = tok_set_specials(tok, specials, n_specials)) < 0)
+    if ((rc = tok_find_byte_ids(tok, where)) < 0 || (rc = tok_index_byte_pairs(tok)) < 0 ||
+        (rc = tok_set_specials(tok, specials, n_specials)) < 0)
         goto out;
     if (!ignore_merges && (rc = tok_prune_unreachable(tok)) < 0)
         goto out;

@@ -268,6 +268,7 @@ static int build_tiktoken(tio_tok *tok, const uint8_t *data, size_t len, const c
         goto out;
     }
     if ((rc = tok_find_byte_ids(tok, where)) < 0 || (rc = tok_pairs_from_ranks(tok)) < 0 ||
+        (rc = tok_index_byte_pairs(tok)) < 0 ||
         (rc = tok_set_specials(tok, special_list, (uint32_t)n_specials)) < 0 ||
         (rc = tok_add_stage(tok, pat_str, strlen(pat_str), false)) < 0 || (rc = tok_init_ctxs(tok)) < 0)
         goto out;

@@ -9,7 +9,9 @@
  *   - `pieces`: open-addressing hash table bytes -> id for whole-piece
  *     lookup (only tokens that BPE would produce from their own bytes);
  *   - `pairs`: open-addressing hash table (left id, right id) -> (merge rank,
- *     merged id), so the merge loop never hashes bytes;
+ *     merged id), so the merge loop never hashes bytes; `byte_pairs` the
+ *     same for the 65,536 pairs of single-byte tokens, by index, since
+ *     every merge starts from bytes;
  *   - special tokens sorted by first byte, then longest first;
  *   - up to TOK_MAX_STAGES compiled split regexes, applied in turn.
  * Per-thread scratch (tok_ctx) hangs off a pthread key of the tio_tok.
@@ -47,6 +49,10 @@ typedef struct {
     uint32_t rank;
     uint32_t id;
 } tok_pair_slot;
+
+typedef struct {
+    uint32_t rank, id; /* UINT32_MAX, TOK_NONE: the pair does not merge */
+} tok_merge;
 
 typedef struct {
     uint32_t off, len, id; /* text in the arena */
@@ -93,6 +99,7 @@ struct tio_tok {
 
     tok_pair_slot *pairs;
     uint32_t pair_mask;
+    tok_merge *byte_pairs; /* [256 * 256]: (byte a, byte b) at a * 256 + b */
 
     uint32_t byte_id[256];
 
@@ -136,6 +143,8 @@ void tok_pair_put(tio_tok *tok, uint32_t left, uint32_t right, uint32_t rank, ui
 int tok_pairs_from_ranks(tio_tok *tok);
 /* Fill byte_id; TIO_EPARSE naming the first byte without a token. */
 int tok_find_byte_ids(tio_tok *tok, const char *where);
+/* Fill byte_pairs from `pairs` and byte_id (both complete by then). */
+int tok_index_byte_pairs(tio_tok *tok);
 /* Register the special tokens (texts already in the arena) and index them
  * by first byte.  Empty or repeated texts: TIO_EPARSE. */
 int tok_set_specials(tio_tok *tok, const tok_special *list, uint32_t n);

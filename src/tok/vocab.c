@@ -182,6 +182,19 @@ int tok_find_byte_ids(tio_tok *tok, const char *where)
     return 0;
 }
 
+int tok_index_byte_pairs(tio_tok *tok)
+{
+    tok->byte_pairs = malloc(256 * 256 * sizeof *tok->byte_pairs);
+    if (!tok->byte_pairs)
+        return tio_fail(-ENOMEM, "out of memory for the byte-pair table");
+    for (int a = 0; a < 256; a++)
+        for (int b = 0; b < 256; b++) {
+            const tok_pair_slot *s = tok_pair_find(tok, tok->byte_id[a], tok->byte_id[b]);
+            tok->byte_pairs[a * 256 + b] = (tok_merge){s->rank, s->id};
+        }
+    return 0;
+}
+
 static const tio_tok *sort_tok;
 
 static int special_cmp(const void *a, const void *b)
