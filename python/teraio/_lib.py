@@ -234,6 +234,7 @@ tio_tok_vocab_size = _fn("tio_tok_vocab_size", c_uint32, c_void_p)
 tio_tok_special_id = _fn("tio_tok_special_id", c_int, c_void_p, c_char_p)
 tio_tok_encode = _fn("tio_tok_encode", c_int, c_void_p, c_char_p, c_size_t, c_int, POINTER(c_uint32),
                      c_size_t, POINTER(c_size_t))
+tio_tok_max_ids = _fn("tio_tok_max_ids", c_size_t, c_void_p, c_size_t)
 tio_tok_encode_batch = _fn("tio_tok_encode_batch", c_int, c_void_p, POINTER(c_char_p), POINTER(c_size_t),
                            c_size_t, c_int, c_uint, POINTER(c_uint32), c_size_t, POINTER(c_size_t))
 tio_tok_decode = _fn("tio_tok_decode", c_int, c_void_p, POINTER(c_uint32), c_size_t, c_char_p, c_size_t,

@@ -656,6 +656,15 @@ static int encode_text(encoder *e, const uint8_t *s, size_t n, int special)
     return encode_ordinary(e, s + pos, n - pos);
 }
 
+size_t tio_tok_max_ids(const tio_tok *tok, size_t len)
+{
+    if (!tok || !tok->add_prefix_space || !len)
+        return tok ? len : 0;
+    /* Each stretch between special tokens gains at most one id (its
+     * space); each special token is one id for at least as many bytes. */
+    return tok->one_byte_special ? 2 * len : len + 1;
+}
+
 int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special, uint32_t *ids,
                    size_t cap, size_t *n_ids)
 {
@@ -734,8 +743,8 @@ static void *batch_worker(void *arg)
         if (k >= b->n_texts)
             break;
         size_t i = b->order[k].index;
-        b->rcs[i] = tio_tok_encode(b->tok, b->texts[i], b->lens[i], b->special,
-                                   b->ids + b->starts[i], b->lens[i], &b->counts[i]);
+        b->rcs[i] = tio_tok_encode(b->tok, b->texts[i], b->lens[i], b->special, b->ids + b->starts[i],
+                                   b->starts[i + 1] - b->starts[i], &b->counts[i]);
         if (b->rcs[i]) { /* the message is this thread's: keep the first text's */
             pthread_mutex_lock(&b->err_lock);
             if (i < b->err_text) {
@@ -754,15 +763,17 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
 {
     if (!tok || (!texts && n_texts) || (!lens && n_texts) || !offsets || (!ids && cap))
         return tio_fail(-EINVAL, "tio_tok_encode_batch: NULL argument");
-    /* Each text first writes at the sum of the lengths before it (its upper
-     * bound), then the results are packed.  That needs cap >= sum of lens. */
-    size_t total = 0;
-    for (size_t i = 0; i < n_texts; i++)
-        total += lens[i];
+    /* Each text first writes at the sum of the bounds (tio_tok_max_ids)
+     * before it, then the results are packed.  That needs cap >= their sum. */
+    size_t total = 0, bytes = 0;
+    for (size_t i = 0; i < n_texts; i++) {
+        total += tio_tok_max_ids(tok, lens[i]);
+        bytes += lens[i];
+    }
     offsets[0] = 0;
     if (total > cap)
         return tio_fail(-ENOSPC, "batch of %zu bytes needs room for %zu ids, the output holds %zu",
-                        total, total, cap);
+                        bytes, total, cap);
     batch b = {tok, texts, lens, n_texts, special, ids, NULL, NULL, NULL, NULL, 0,
                PTHREAD_MUTEX_INITIALIZER, SIZE_MAX, ""};
     b.starts = malloc((n_texts + 1) * sizeof *b.starts);
@@ -774,8 +785,9 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
         rc = tio_fail(-ENOMEM, "out of memory for a batch of %zu texts", n_texts);
         goto out;
     }
-    for (size_t i = 0, at = 0; i < n_texts; at += lens[i], i++) {
-        b.starts[i] = at;
+    b.starts[0] = 0;
+    for (size_t i = 0; i < n_texts; i++) {
+        b.starts[i + 1] = b.starts[i] + tio_tok_max_ids(tok, lens[i]);
         b.order[i] = (text_ref){lens[i], i};
     }
     if (n_threads == 0) {

@@ -108,6 +108,7 @@ struct tio_tok {
     uint16_t special_first[256], special_count[256]; /* index range per first byte */
     int n_special_first;                             /* distinct first bytes */
     uint8_t special_byte;                            /* the one, when there is one */
+    bool one_byte_special;                           /* a special token of one byte */
 
     int n_stages;
     tok_stage stages[TOK_MAX_STAGES];

@@ -234,7 +234,9 @@ int tok_set_specials(tio_tok *tok, const tok_special *list, uint32_t n)
     pthread_mutex_unlock(&sort_lock);
     memset(tok->special_count, 0, sizeof tok->special_count);
     tok->n_special_first = 0;
+    tok->one_byte_special = false;
     for (uint32_t i = 0; i < n; i++) {
+        tok->one_byte_special |= tok->specials[i].len == 1;
         if (i > 0 && tok->specials[i].len == tok->specials[i - 1].len &&
             !memcmp(tok->arena + tok->specials[i].off, tok->arena + tok->specials[i - 1].off,
                     tok->specials[i].len))

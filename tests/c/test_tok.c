@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <dirent.h>
 
 #include "teraio/tok.h"
 #include "tok/tok_internal.h"
@@ -285,6 +286,38 @@ static void test_hf_json(void **state)
     free(json);
 }
 
+/* Found with the new fuzz_tok_json seeds: with add_prefix_space, "c" is
+ * " c", two ids from one byte, so encode into len ids (what the Python
+ * binding, the CLI and the batch allotted) failed with -ENOSPC.  The bound is
+ * tio_tok_max_ids. */
+static void test_prefix_space_needs_one_more_id(void **state)
+{
+    char *json = toy_json("{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", false);
+    tio_tok *tok;
+    assert_int_equal(tio_tok_parse_hf(&tok, json, strlen(json)), 0);
+    assert_int_equal(tio_tok_max_ids(tok, 0), 0);
+    assert_int_equal(tio_tok_max_ids(tok, 1), 2);
+    assert_int_equal(tio_tok_max_ids(tok, 10), 11);
+    uint32_t ids[8];
+    size_t n;
+    assert_int_equal(tio_tok_encode(tok, "c", 1, 0, ids, 1, &n), -ENOSPC);
+    assert_int_equal(tio_tok_encode(tok, "c", 1, 0, ids, tio_tok_max_ids(tok, 1), &n), 0);
+    check_ids(ids, n, (uint32_t[]){' ', 'c'}, 2);
+    const char *texts[] = {"c", "c<|x|>c"};
+    size_t lens[] = {1, 7}, offsets[3];
+    assert_int_equal(tio_tok_encode_batch(tok, (const void *const *)texts, lens, 2, 0, 2, ids, 8, offsets), -ENOSPC);
+    assert_int_equal(tio_tok_encode_batch(tok, (const void *const *)texts, lens, 2, 0, 2, ids,
+                                          tio_tok_max_ids(tok, 1) + tio_tok_max_ids(tok, 7), offsets),
+                     0);
+    check_ids(ids, offsets[2], (uint32_t[]){' ', 'c', ' ', 'c', 300, ' ', 'c'}, 7);
+    tio_tok_destroy(tok);
+    free(json);
+    /* tiktoken encodings: len ids */
+    tok = toy();
+    assert_int_equal(tio_tok_max_ids(tok, 5), 5);
+    tio_tok_destroy(tok);
+}
+
 static void expect_hf_error(const char *pre, int code, const char *needle)
 {
     char *json = toy_json(pre, false);
@@ -356,6 +389,38 @@ static void test_cl100k_details(void **state)
     assert_int_equal(nb, strlen(mixed));
     assert_memory_equal(out, mixed, nb);
     tio_tok_destroy(tok);
+}
+
+/* Issue 12 item 19: the seeds of fuzz_tok_json did not parse (they failed
+ * at merges[3]), so the fuzzer never got past the parser.  Every seed must
+ * load and encode a text. */
+static void test_fuzz_tok_json_seeds_load(void **state)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/fuzz_tok_json", getenv("TIO_SOURCE_DIR"));
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int seeds = 0;
+    for (struct dirent *ent; (ent = readdir(d));) {
+        if (ent->d_name[0] == '.')
+            continue;
+        char path[4500];
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        static char json[1 << 20];
+        size_t len = fread(json, 1, sizeof json, f);
+        fclose(f);
+        tio_tok *tok = NULL;
+        if (tio_tok_parse_hf(&tok, json, len) != 0)
+            fail_msg("%s: %s", ent->d_name, tio_last_error());
+        uint32_t ids[64];
+        assert_true(enc(tok, "Hello, world! don't 123", 23, TIO_TOK_SPECIAL_TEXT, ids) > 0);
+        tio_tok_destroy(tok);
+        seeds++;
+    }
+    closedir(d);
+    assert_true(seeds >= 3);
 }
 
 /* ---- the built-in splitter (split_builtin.h) against PCRE2 ------------- */
@@ -663,8 +728,10 @@ int main(void)
         cmocka_unit_test(test_rank_file_errors),
         cmocka_unit_test(test_hf_json),
         cmocka_unit_test(test_hf_errors),
+        cmocka_unit_test(test_prefix_space_needs_one_more_id),
         cmocka_unit_test(test_known_vectors),
         cmocka_unit_test(test_cl100k_details),
+        cmocka_unit_test(test_fuzz_tok_json_seeds_load),
         cmocka_unit_test(test_split_gpt2_cases),
         cmocka_unit_test(test_split_cl100k_cases),
         cmocka_unit_test(test_split_o200k_cases),
