@@ -32,8 +32,9 @@ order; the scaling is the median of the pairs' ratios.
 
 Runs in its own venv, build/bench-tokenizer/venv, made once from
 bench/run_tokenizer-requirements.txt (the peers are not project
-dependencies).  Writes build/bench/tokenizer.json.  Environment:
-BENCH_TOK_MB (default 8) caps the text, BENCH_TOK_ROUNDS (7),
+dependencies).  Writes $TERAIO_BENCH_DIR/tokenizer.json (default
+build/bench), which bench/summary.py gathers into make bench's summary.
+Environment: BENCH_TOK_MB (default 8) caps the text, BENCH_TOK_ROUNDS (7),
 BENCH_TOK_PAIRS (11).
 """
 from __future__ import annotations
@@ -53,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / "build" / "bench-tokenizer" / "venv"
 REQUIREMENTS = REPO / "bench" / "run_tokenizer-requirements.txt"
 SHIPPED = REPO / "python" / "teraio" / "tokenizers"
-OUT = REPO / "build" / "bench" / "tokenizer.json"
+OUT = Path(os.environ.get("TERAIO_BENCH_DIR", REPO / "build" / "bench")) / "tokenizer.json"
 NAME = "cl100k_base"
 
 
@@ -66,8 +67,10 @@ def in_bench_venv() -> None:
     if not py.exists() or not stamp.exists() or stamp.read_text() != REQUIREMENTS.read_text():
         print("run_tokenizer: creating the benchmark venv (once)", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "-r", str(REQUIREMENTS)], check=True)
+        pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                              "-r", str(REQUIREMENTS)], capture_output=True, text=True)
+        if pip.returncode:
+            sys.exit(f"run_tokenizer: pip install -r {REQUIREMENTS} failed:\n{pip.stderr[-3000:]}")
         stamp.write_text(REQUIREMENTS.read_text())
     os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
 
@@ -255,9 +258,17 @@ def main() -> int:
           f"{sm:.2f} ({slo:.2f}-{shi:.2f}) over {pairs} pairs; CPU time 1/2 threads "
           f"{out['batch']['cpu_1_over_2_median']:.2f}; {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}")
+    ratios = [{"name": f"encode vs {p} (median of {rounds} rounds)",
+               "value": out["teraio_over"][p]["median"], "higher_is_better": True} for p in peers]
+    ratios.append({"name": f"batch 2 threads vs 1 (median of {pairs} pairs)", "value": sm,
+                   "higher_is_better": True})
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {OUT.relative_to(REPO)}")
+    OUT.write_text(json.dumps({
+        "bench": "tokenizer",
+        "title": f"{NAME} through the Python API, single thread, {total / 1e6:.1f} MB of stdlib source",
+        "reference": "tiktoken, bpe-openai, tokendagger, tokenizers in the same run, same ids",
+        "ratios": ratios, "details": out}, indent=1) + "\n")
+    print(f"wrote {OUT}")
     return 0
 
 
