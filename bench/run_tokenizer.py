@@ -25,8 +25,8 @@ documents as UTF-8, and tio_tok_encode through ctypes with the ids left in
 a buffer (no Python list: the cost of the Python boundary).
 
 Rounds: each round encodes all documents once with every implementation, in
-an order rotated from round to round, and keeps every result (as a caller
-would).  The machine is shared and its speed drifts, so the ratios are
+an order shuffled from round to round (seeded), and keeps every result (as a
+caller would).  The machine is shared and its speed drifts, so the ratios are
 taken within a round and the median over the rounds is reported, with
 their range; MB/s (1e6 bytes of UTF-8 per second) are medians too.
 
@@ -47,6 +47,7 @@ import ctypes
 import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -212,11 +213,12 @@ def main() -> int:
     impls, tok, raw, versions = implementations(docs)
     names = list(impls)
     print(f"text: {len(docs)} Python stdlib files, {total / 1e6:.1f} MB; encoding {NAME}; "
-          f"single thread; {rounds} rounds, order rotated each round; same ids checked first")
+          f"single thread; {rounds} rounds, order shuffled each round; same ids checked first")
 
     rates: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[:]
+        random.Random(r).shuffle(order)  # no implementation always follows the same one
         for name in order:
             gc.collect()
             fn, texts = impls[name]

@@ -88,4 +88,15 @@ static inline tio_tok *fuzz_toy_tok(const char *pattern)
     return tok;
 }
 
+/* fuzz_toy_tok with the i-th built-in pattern (GPT-2, cl100k, o200k; i % 3),
+ * made once per process. */
+static inline const tio_tok *fuzz_builtin_tok(unsigned i)
+{
+    static tio_tok *toks[3];
+    static const char *patterns[3] = {TOK_PATTERN_GPT2, TOK_PATTERN_CL100K, TOK_PATTERN_O200K};
+    if (!toks[i % 3])
+        toks[i % 3] = fuzz_toy_tok(patterns[i % 3]);
+    return toks[i % 3];
+}
+
 #endif

@@ -11,20 +11,13 @@
 
 #include "fuzz_tok_common.h"
 
-static tio_tok *toks[3];
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!toks[0]) {
-        toks[0] = fuzz_toy_tok(TOK_PATTERN_GPT2);
-        toks[1] = fuzz_toy_tok(TOK_PATTERN_CL100K);
-        toks[2] = fuzz_toy_tok(TOK_PATTERN_O200K);
-    }
     if (size == 0)
         return 0;
-    const tio_tok *tok = toks[data[0] % 3];
+    const tio_tok *tok = fuzz_builtin_tok(data[0]);
     size_t len = size - 1, n_fast = 0, n_ref = 0;
     uint8_t *text = malloc(len ? len : 1); /* exact size for ASan */
     size_t *fast = malloc((len + 1) * sizeof *fast), *ref = malloc((len + 1) * sizeof *ref);

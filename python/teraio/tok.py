@@ -21,17 +21,11 @@ from typing import Iterable, Sequence
 from teraio import _lib as L
 from teraio._lib import check
 
-try:  # lists of ids from shared int objects (see Tokenizer._id_list)
-    import numpy as _np
-except ImportError:  # pragma: no cover - numpy is optional
-    _np = None
-
 SPECIAL_TEXT = 0    #: special-token strings are ordinary text (tiktoken encode_ordinary)
 SPECIAL_ALLOW = 1   #: recognised as their ids (tiktoken allowed_special="all")
 SPECIAL_REJECT = 2  #: raise if one occurs (tiktoken's default encode)
 
 _KEEP_IDS = 16 << 20  # a thread keeps an output buffer of up to 64 MiB of ids
-_TABLE_MIN_IDS = 32   # below this, array.tolist() is quicker than the int table
 
 
 def encoding_names() -> list[str]:
@@ -59,7 +53,6 @@ class Tokenizer:
     def __init__(self, handle: c_void_p):
         self._h = handle
         self._local = threading.local()
-        self._ints = None
 
     @classmethod
     def encoding(cls, name: str, directory: str | os.PathLike | None = None) -> "Tokenizer":
@@ -132,19 +125,6 @@ class Tokenizer:
             local.view = memoryview(buf).cast("B").cast("I")
         return buf, local.view
 
-    def _id_list(self, buf, view, n: int) -> list[int]:
-        """The first n ids of buf (view: its memoryview) as a list.  Making a Python int per id costs
-        more than the encoding itself; with NumPy, the list takes its items
-        from a table of the ints 0 .. vocab_size - 1 made once per tokenizer
-        (about 36 bytes per id: 3.6 MB for cl100k_base), so building it is
-        copying references.  Ints are immutable: equal either way."""
-        if _np is None or n < _TABLE_MIN_IDS:
-            return view[:n].tolist()
-        ints = self._ints
-        if ints is None:
-            ints = self._ints = _np.array(range(self.vocab_size), dtype=object)
-        return ints[_np.frombuffer(buf, _np.uint32, n)].tolist()
-
     def encode(self, text: str | bytes, special: int = SPECIAL_TEXT) -> list[int]:
         """Ids of ``text`` (str: its UTF-8; bytes: as given, any bytes)."""
         data = _as_bytes(text)
@@ -152,7 +132,7 @@ class Tokenizer:
         out, view = self._buffer(cap)
         n = c_size_t()
         check(L.tio_tok_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
-        return self._id_list(out, view, n.value)
+        return view[:n.value].tolist()
 
     def _encode_batch(self, texts: Sequence[str | bytes], special: int, threads: int):
         if isinstance(texts, (str, bytes, bytearray, memoryview)):
@@ -174,14 +154,13 @@ class Tokenizer:
             view = memoryview(out).cast("B").cast("I")
         offs = (c_size_t * (n + 1))()
         check(L.tio_tok_encode_batch(self._h, ptrs, lens, n, special, threads, out, cap, offs))
-        return out, view, memoryview(offs).cast("B").cast("N")
+        return view, memoryview(offs).cast("B").cast("N")
 
     def encode_batch(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
                      threads: int = 0) -> list[list[int]]:
         """Ids of each text, encoded on ``threads`` threads (0: one per CPU)."""
-        out, view, offs = self._encode_batch(texts, special, threads)
-        ids = self._id_list(out, view, offs[len(offs) - 1])
-        return [ids[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+        view, offs = self._encode_batch(texts, special, threads)
+        return [view[offs[i]:offs[i + 1]].tolist() for i in range(len(offs) - 1)]
 
     def encode_batch_flat(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
                           threads: int = 0) -> tuple[array, array]:
@@ -192,7 +171,7 @@ class Tokenizer:
         copy.  No Python int per id is made, so this is the form for bulk
         tokenization: the ids of a few MB as lists cost more time than
         encoding them on two threads."""
-        _, view, offs = self._encode_batch(texts, special, threads)
+        view, offs = self._encode_batch(texts, special, threads)
         ids = array("I")
         ids.frombytes(view[:offs[len(offs) - 1]].cast("B"))
         return ids, array("Q", offs)

@@ -140,20 +140,6 @@ def test_split_edges_match_tiktoken(name):
             assert tok.encode(s[:cut]) == ref.encode_ordinary(s[:cut]), repr(s[:cut])
 
 
-def test_lists_without_numpy(monkeypatch):
-    """encode builds its list from a table of ints with NumPy, one int per id
-    without; both give the same ids, short and long."""
-    import teraio.tok as tok_module
-    tok = teraio_encoding("cl100k_base")
-    docs = ["x", "hello world", STRESS[0]] + corpus(200_000, stride=211)
-    with_table = [tok.encode(d) for d in docs]
-    batch = tok.encode_batch(docs, threads=2)
-    monkeypatch.setattr(tok_module, "_np", None)
-    assert [tok.encode(d) for d in docs] == with_table == batch
-    assert tok.encode_batch(docs, threads=2) == with_table
-    assert all(type(i) is int for ids in with_table for i in ids)
-
-
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_special_tokens(name):
     ref, tok = reference(name), teraio_encoding(name)
