@@ -58,6 +58,12 @@ typedef void (*tio_log_fn)(void *ctx, int level, const char *msg);
  * with respect to concurrent logging: call it at start-up. */
 TIO_API void tio_set_log(tio_log_fn fn, void *ctx, int min_level);
 
+/* Free memory that a teraio function handed to the caller (a buffer it
+ * documents as "malloc'ed, caller frees", e.g. tio_loader_state's).  For
+ * callers that do not share teraio's C library (Python's ctypes, other
+ * languages).  NULL is a no-op.  Thread-safe. */
+TIO_API void tio_free(void *p);
+
 /* Library version, e.g. "0.1.0". */
 TIO_API const char *tio_version(void);
 

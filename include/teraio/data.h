@@ -130,10 +130,16 @@ typedef struct tio_dataset_options {
                             as an empty document and counted (tio_dataset_info) */
     int64_t llmc_delimiter; /* llm.c document delimiter; -1: 50256 for magic
                                20240520, 128000 for 20240801 */
-    uint32_t tokenizer_threads; /* threads that tokenize a JSONL file when a
-                                   reader loads it (lines are handed out in
-                                   chunks); 0: min(4, online CPUs); 1: none
-                                   besides the reading thread */
+    uint32_t tokenizer_threads; /* threads that tokenize a window of a text
+                                   file when a reader loads it (documents are
+                                   handed out in chunks); 0: min(4, online
+                                   CPUs); 1: none besides the reading thread */
+    uint64_t max_line_bytes;    /* longest JSONL line (decompressed) or Parquet
+                                   text value accepted; a longer one is an
+                                   error naming file and line; 0: 64 MiB */
+    uint64_t cache_bytes;       /* per reader: decoded windows kept (ids and
+                                   their tables); at least one window is kept
+                                   whatever its size; 0: 256 MiB */
 } tio_dataset_options;
 
 /* Defaults described above. */
@@ -161,7 +167,12 @@ typedef struct tio_data_subdataset_info {
     uint64_t n_docs;
     uint64_t bytes;        /* bytes used for cutting logical shards */
     uint64_t n_tokens;     /* tokens of token files (0 for JSONL: unknown) */
-    uint64_t lines_skipped;/* malformed JSONL lines skipped while counting */
+    uint64_t lines_skipped;/* bad text documents (malformed JSONL lines, null
+                              Parquet rows) read as empty with
+                              TIO_DATA_JSONL_SKIP, as they are met */
+    uint64_t n_empty_docs; /* documents without tokens, which the loader skips:
+                              token files counted when opened, text files as
+                              their windows are tokenized */
 } tio_data_subdataset_info;
 
 TIO_API uint32_t tio_dataset_n_subdatasets(const tio_dataset *ds);
@@ -170,6 +181,9 @@ TIO_API int tio_dataset_info(const tio_dataset *ds, uint32_t i, tio_data_subdata
 /* Path of file `file` of sub-dataset `sub`, relative to the root; NULL if
  * out of range.  Valid while the dataset lives. */
 TIO_API const char *tio_dataset_file_path(const tio_dataset *ds, uint32_t sub, uint32_t file);
+/* Name of the format of file `file` of sub-dataset `sub` ("Megatron",
+ * "llm.c", "Arrow", "JSONL", "Parquet"); NULL if out of range.  Static. */
+TIO_API const char *tio_dataset_file_format(const tio_dataset *ds, uint32_t sub, uint32_t file);
 /* Number of documents of one file, or a negative error. */
 TIO_API int64_t tio_dataset_file_docs(const tio_dataset *ds, uint32_t sub, uint32_t file);
 
@@ -189,6 +203,60 @@ TIO_API int tio_dataset_scan_file(tio_dataset *ds, uint32_t sub, uint32_t file, 
  * with TIO_DATA_JSONL_ERROR), -ENOMEM, -EIO.  Thread-safe. */
 TIO_API int tio_dataset_read_doc(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
                                  uint32_t **ids, uint64_t *n);
+
+/* ---- writing token files --------------------------------------------------
+ * Megatron MMIDIDX v1, as megatron-core's IndexedDatasetBuilder writes it
+ * with one sequence per document, so Megatron reads the output too. */
+typedef struct tio_mmidx_writer tio_mmidx_writer;
+
+/* Start PREFIX.bin and PREFIX.idx with dtype code 8 (uint16 ids) or 4
+ * (int32).  Both are written to temporary files beside them, renamed into
+ * place by tio_mmidx_writer_finish.  Errors: -EINVAL (dtype), the file
+ * system's -errno naming the file, -ENOMEM.  A writer is used by one thread. */
+TIO_API int tio_mmidx_writer_create(const char *prefix, uint8_t dtype, tio_mmidx_writer **out);
+/* Append one document of `n` ids.  Errors: -ERANGE (an id that does not fit
+ * the dtype, named), -EOVERFLOW (more than 2^31 - 1 ids), -EIO, -ENOMEM. */
+TIO_API int tio_mmidx_writer_add(tio_mmidx_writer *w, const uint32_t *ids, uint64_t n);
+/* Documents and ids written so far. */
+TIO_API void tio_mmidx_writer_counts(const tio_mmidx_writer *w, uint64_t *docs, uint64_t *tokens);
+/* Write the .idx and put both files in place (fsync, rename).  Errors: the
+ * file system's, naming the file; TIO_ESTATE if already finished. */
+TIO_API int tio_mmidx_writer_finish(tio_mmidx_writer *w);
+/* Free the writer; an unfinished one's temporary files are removed. */
+TIO_API void tio_mmidx_writer_destroy(tio_mmidx_writer *w);
+
+/* Progress of an ingest: files finished of all, documents and ids written.
+ * Called after each file and at most every 0.25 s within one, from the
+ * ingest's threads one at a time. */
+typedef void (*tio_data_progress_fn)(void *ctx, uint32_t files_done, uint32_t n_files,
+                                     uint64_t docs, uint64_t tokens);
+
+typedef struct tio_data_ingest_options {
+    const tio_data_tokenizer *tokenizer; /* NULL: bytes */
+    const char *text_field;              /* NULL: "text" */
+    int jsonl_errors;                    /* as tio_dataset_options */
+    uint32_t threads;                    /* files at once; 0: online CPUs (at most 256) */
+    tio_data_progress_fn progress;       /* NULL: none */
+    void *progress_ctx;
+} tio_data_ingest_options;
+
+typedef struct tio_data_ingest_result {
+    uint32_t n_files;
+    uint64_t n_docs, n_tokens;
+    uint8_t dtype;                       /* 8 (uint16) when the vocabulary fits, else 4 */
+} tio_data_ingest_result;
+
+TIO_API void tio_data_ingest_options_default(tio_data_ingest_options *opts);
+
+/* Tokenize every text file (JSONL, Parquet with a text column) under the
+ * dataset root `src` into OUT/<same relative path>.bin/.idx (the text
+ * extension cut), then write OUT/counts.csv ("sub/rel.bin,documents,tokens"
+ * per pair), every file atomically.  OUT is created if missing.
+ * Errors: those of tio_dataset_open on `src`, -EINVAL (a file that is not
+ * text, named), -ENOTDIR (OUT is not a folder), the writer's, the
+ * tokenizer's, each naming the file. */
+TIO_API int tio_data_ingest(const char *src, const char *out, const tio_data_ingest_options *opts,
+                            tio_data_ingest_result *result);
 
 /* ---- loader -------------------------------------------------------------- */
 typedef struct tio_loader_options {
@@ -215,6 +283,13 @@ typedef struct tio_loader_options {
                                 used for a dataset with JSONL files, whose tokens
                                 only the loader's thread holds, tokenized. */
 } tio_loader_options;
+
+/* Limits of the options (tio_loader_create refuses more with -EINVAL). */
+#define TIO_LOADER_MAX_PREFETCH 65536u
+#define TIO_LOADER_MAX_SHUFFLE_BUFFER 1048576u
+#define TIO_LOADER_MAX_LOGICAL_SHARDS 16777216u
+#define TIO_LOADER_MAX_FILL_THREADS 64u
+#define TIO_LOADER_MAX_WEIGHT 1e300
 
 TIO_API void tio_loader_options_default(tio_loader_options *opts);
 
@@ -283,6 +358,20 @@ TIO_API int tio_loader_save(tio_loader *ld, const char *path);
 /* Read a state file into *buf (malloc'ed) and check its header and checksum.
  * Errors: -ENOENT etc. naming the file, TIO_ECORRUPT, TIO_EPARSE, TIO_EVERSION. */
 TIO_API int tio_loader_state_read(const char *path, void **buf, size_t *len);
+
+/* What a state holds, from its bytes alone (header and checksum checked,
+ * the whole state parsed): the settings it was saved with and the position
+ * it names.  Errors: TIO_ECORRUPT, TIO_EPARSE, TIO_EVERSION (as
+ * tio_loader_state_read), each naming what was wrong. */
+typedef struct tio_data_state_info {
+    uint32_t version;
+    uint64_t fingerprint;    /* of the dataset-independent settings (seed, seq_len, ...) */
+    uint32_t rank, world_size, logical_shards, seq_len, shuffle_buffer;
+    uint64_t samples;        /* samples this rank had delivered */
+    uint32_t n_subdatasets;
+} tio_data_state_info;
+
+TIO_API int tio_loader_state_info(const void *buf, size_t len, tio_data_state_info *info);
 
 typedef struct tio_data_position {
     uint32_t epoch;          /* lowest epoch of this rank's shards of the sub-dataset */

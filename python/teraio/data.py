@@ -32,7 +32,8 @@ class _Tokenizer(Structure):
 
 class _DatasetOptions(Structure):
     _fields_ = [("tokenizer", POINTER(_Tokenizer)), ("text_field", c_char_p), ("jsonl_errors", c_int),
-                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32)]
+                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32),
+                ("max_line_bytes", c_uint64), ("cache_bytes", c_uint64)]
 
 
 class _LoaderOptions(Structure):
@@ -56,7 +57,7 @@ class _Sample(Structure):
 
 class _SubInfo(Structure):
     _fields_ = [("name", c_char_p), ("n_files", c_uint32), ("n_docs", c_uint64), ("bytes", c_uint64),
-                ("n_tokens", c_uint64), ("lines_skipped", c_uint64)]
+                ("n_tokens", c_uint64), ("lines_skipped", c_uint64), ("n_empty_docs", c_uint64)]
 
 
 class _Position(Structure):

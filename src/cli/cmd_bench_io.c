@@ -133,19 +133,6 @@ static double cpu_s(void)
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-    char *end;
-    if (!s || *s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, bench_args *a)
 {
     *a = (bench_args){.size = 4ull << 30, .bs = 1u << 20, .qd = 32, .runs = 5};
@@ -175,9 +162,9 @@ static int parse_args(int argc, char **argv, bench_args *a)
             if (!cli_parse_bytes(v, &a->bs) || a->bs == 0 || a->bs % 4096 || a->bs > (1u << 30))
                 return usage_error("--bs '%s': expected a multiple of 4096 up to 1GiB", v);
         } else if (!strcmp(o, "--qd")) {
-            if (parse_u32(v, 1, 4096, &a->qd))
+            if (!cli_parse_u32(v, 1, 4096, &a->qd))
                 return usage_error("--qd '%s': expected an integer from 1 to 4096", v);
-        } else if (parse_u32(v, 1, MAX_RUNS, &a->runs)) {
+        } else if (!cli_parse_u32(v, 1, MAX_RUNS, &a->runs)) {
             return usage_error("--runs '%s': expected an integer from 1 to %d", v, MAX_RUNS);
         }
     }
