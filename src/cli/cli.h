@@ -52,10 +52,6 @@ void cli_json_string(FILE *f, const char *s);
 /* Parse a decimal integer in [lo, hi] (digits only, no sign or blanks). */
 bool cli_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
 
-/* <repo>/../shared/tokenizers, found from this binary's path
- * (<repo>/<build>/bin/teraio), into out[len]; false if it is not a folder. */
-bool cli_shared_tokenizers_dir(char *out, size_t len);
-
 /* Byte counts are printed with tio_format_bytes (common/util.h). */
 
 #endif

@@ -14,7 +14,6 @@
  * Each subcommand parses its arguments, calls the library and prints.
  */
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,12 +275,6 @@ static int cmd_ingest(int argc, char **argv)
     }
     if (!src || !out)
         return usage_error("ingest needs SRC (a root of text sub-datasets) and OUT");
-    /* as `teraio tokenize`: without --tokenizers-dir or $TERAIO_TOKENIZERS_DIR,
-     * the rank files beside the source tree */
-    char shared[PATH_MAX + 32];
-    if (!tokdir && !getenv("TERAIO_TOKENIZERS_DIR") &&
-        cli_shared_tokenizers_dir(shared, sizeof shared))
-        tokdir = shared;
     tio_data_tokenizer *tok;
     int rc = tio_data_tokenizer_open(spec, tokdir, &tok);
     if (rc)

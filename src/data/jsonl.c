@@ -590,7 +590,8 @@ static bool next_line(line_reader *lr, const char **line, size_t *len, int *rc)
             return false;
         }
         /* keep the unread part, then read more after it */
-        memmove(lr->buf, lr->buf + lr->start, lr->end - lr->start);
+        if (lr->start)
+            memmove(lr->buf, lr->buf + lr->start, lr->end - lr->start);
         lr->buf_offset += lr->start;
         lr->end -= lr->start;
         lr->start = 0;
