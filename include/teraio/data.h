@@ -20,6 +20,15 @@
  *                         integers, one record batch per document
  *   NAME.jsonl[.gz|.zst]  one JSON object per line; the string field
  *                         `text` (configurable) is tokenized on the fly
+ *   NAME.parquet          Parquet (read through Arrow's libparquet, see
+ *                         tio_data_parquet_available): a string column
+ *                         `text` (configurable) tokenized on the fly, else a
+ *                         list-of-integers column `tokens` or `input_ids`;
+ *                         a document is a row, a row group the unit of
+ *                         reading; document counts come from the footer.
+ *                         The Hugging Face hub's layout (<sub>/data/
+ *                         train-*.parquet, README.md beside) is one
+ *                         sub-dataset like any other folder
  *   counts.csv            optional, in the root: lines "sub/rel/path,docs,tokens"
  *                         (tokens may be 0 = unknown); listed files are not
  *                         opened until read
@@ -182,8 +191,20 @@ TIO_API int tio_dataset_info(const tio_dataset *ds, uint32_t i, tio_data_subdata
  * out of range.  Valid while the dataset lives. */
 TIO_API const char *tio_dataset_file_path(const tio_dataset *ds, uint32_t sub, uint32_t file);
 /* Name of the format of file `file` of sub-dataset `sub` ("Megatron",
- * "llm.c", "Arrow", "JSONL", "Parquet"); NULL if out of range.  Static. */
+ * "llm.c", "Arrow", "JSONL", "Parquet"; "Parquet text" or "Parquet tokens"
+ * once opened); NULL if out of range.  Static. */
 TIO_API const char *tio_dataset_file_format(const tio_dataset *ds, uint32_t sub, uint32_t file);
+/* Where document `doc` of a file is in it: for Parquet, its row group and
+ * the row within it (*unit = row group, *row = row); for JSONL the window
+ * and the document within it; for token files *unit = doc, *row = 0.
+ * Errors: -EINVAL (out of range), those of opening the file. */
+TIO_API int tio_dataset_doc_location(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
+                                     uint64_t *unit, uint64_t *row);
+
+/* Whether Parquet files can be read (the shim libteraio_parquet.so, built
+ * against pyarrow's libparquet, loads); if not, *reason says why (static). */
+TIO_API bool tio_data_parquet_available(const char **reason);
+
 /* Number of documents of one file, or a negative error. */
 TIO_API int64_t tio_dataset_file_docs(const tio_dataset *ds, uint32_t sub, uint32_t file);
 

@@ -306,6 +306,10 @@ tio_loader_state = _fn("tio_loader_state", c_int, c_void_p, POINTER(c_void_p), P
 tio_loader_save = _fn("tio_loader_save", c_int, c_void_p, c_char_p)
 tio_loader_state_read = _fn("tio_loader_state_read", c_int, c_char_p, POINTER(c_void_p), POINTER(c_size_t))
 tio_loader_position = _fn("tio_loader_position", c_int, c_void_p, c_uint32, POINTER(DataPosition))
+tio_dataset_file_format = _fn("tio_dataset_file_format", c_char_p, c_void_p, c_uint32, c_uint32)
+tio_dataset_doc_location = _fn("tio_dataset_doc_location", c_int, c_void_p, c_uint32, c_uint32,
+                               c_uint64, POINTER(c_uint64), POINTER(c_uint64))
+tio_data_parquet_available = _fn("tio_data_parquet_available", c_bool, POINTER(c_char_p))
 
 
 def version() -> str:

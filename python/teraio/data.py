@@ -70,6 +70,13 @@ def _weight(name, value):
     return w
 
 
+def parquet_available():
+    """(True, "") when Parquet files can be read, else (False, the reason)."""
+    why = c_char_p()
+    ok = L.tio_data_parquet_available(byref(why))
+    return bool(ok), (why.value or b"").decode()
+
+
 def state_file(directory, rank: int) -> Path:
     """The state file of `rank` inside a checkpoint directory."""
     return Path(directory) / f"loader-rank{rank:05d}.state"
@@ -318,6 +325,21 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                 out[name] = {"epoch": p.epoch, "docs_consumed": p.docs_consumed,
                              "docs_total": p.docs_total, "tokens_packed": p.tokens_packed}
             return out
+
+    def locate(self, subdataset, file, doc):
+        """Where the document of a provenance row (its sub-dataset, file and document
+        columns) is: ``{"path", "format", "unit", "row"}``, the path relative to the root;
+        for Parquet ``unit`` is the row group and ``row`` the row within it."""
+        with self._lock:
+            self._check_open()
+            sub = _int("subdataset", subdataset, 0, _U32)
+            f = _int("file", file, 0, _U32)
+            unit, row = ctypes.c_uint64(), ctypes.c_uint64()
+            check(L.tio_dataset_doc_location(self._ds, sub, f, _int("doc", doc, 0, _U64),
+                                             byref(unit), byref(row)))
+            return {"path": L.tio_dataset_file_path(self._ds, sub, f).decode(),
+                    "format": L.tio_dataset_file_format(self._ds, sub, f).decode(),
+                    "unit": unit.value, "row": row.value}
 
     def _log_position(self, what):
         for name, p in self.position().items():

@@ -209,6 +209,9 @@ uint32_t tio_data_window_of(const tio_data_file *f, uint64_t doc);
 /* Parquet through the optional shim (parquet.c): whether it can be used,
  * and if not, why (static string). */
 bool tio_parquet_available(const char **why);
+/* Open a Parquet file held in memory and decode every row group through the
+ * shim, checking what the loader relies on (fuzz target). */
+int tio_parquet_check_buffer(const uint8_t *buf, size_t len, const char *text_column);
 
 /* Open a file's mapping/index if not yet (thread-safe). */
 int tio_data_file_open(tio_dataset *ds, tio_data_file *f);

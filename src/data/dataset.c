@@ -230,7 +230,7 @@ static int open_locked(tio_dataset *ds, tio_data_file *f)
         return rc;
     if (f->n_windows && !(f->window_empty = calloc(f->n_windows, sizeof *f->window_empty)))
         return tio_fail(-ENOMEM, "out of memory");
-    if (!f->text)
+    if (fmt->doc_len) /* read in place: the token count is known */
         f->has_tokens = f->n_tokens > 0;
     if (counted && f->n_docs != want_docs)
         return tio_fail(TIO_EPARSE, "%s: counts.csv says %llu documents, the file holds %llu",
@@ -437,8 +437,35 @@ const char *tio_dataset_file_format(const tio_dataset *ds, uint32_t sub, uint32_
 {
     if (sub >= ds->n_subs || file >= ds->subs[sub].n_files)
         return NULL;
-    return tio_data_format_of(ds->subs[sub].files[file].format)->name;
+    const tio_data_file *f = &ds->subs[sub].files[file];
+    if (f->format == FMT_PARQUET && __atomic_load_n(&f->opened, __ATOMIC_ACQUIRE) && !f->open_rc)
+        return f->text ? "Parquet text" : "Parquet tokens";
+    return tio_data_format_of(f->format)->name;
 }
+
+int tio_dataset_doc_location(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
+                             uint64_t *unit, uint64_t *row)
+{
+    if (sub >= ds->n_subs || file >= ds->subs[sub].n_files)
+        return tio_fail(-EINVAL, "file %u of sub-dataset %u out of range", file, sub);
+    tio_data_file *f = &ds->subs[sub].files[file];
+    int rc = tio_data_file_open(ds, f);
+    if (rc)
+        return rc;
+    if (doc >= f->n_docs)
+        return tio_fail(-EINVAL, "%s: document %llu out of range (%llu)", f->rel,
+                        (unsigned long long)doc, (unsigned long long)f->n_docs);
+    *unit = doc;
+    *row = 0;
+    if (f->n_windows) {
+        const tio_data_window *w = &f->windows[tio_data_window_of(f, doc)];
+        *unit = f->format == FMT_PARQUET ? w->offset : (uint64_t)(w - f->windows);
+        *row = doc - w->first;
+    }
+    return 0;
+}
+
+bool tio_data_parquet_available(const char **reason) { return tio_parquet_available(reason); }
 
 const char *tio_dataset_file_path(const tio_dataset *ds, uint32_t sub, uint32_t file)
 {
