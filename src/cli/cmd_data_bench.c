@@ -20,8 +20,6 @@
 #define RUNS 3
 #define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
-static double now_s(void) { return (double)tio_now_ns() * 1e-9; }
-
 /* ---- bench -------------------------------------------------------------- */
 
 typedef struct {
@@ -91,7 +89,7 @@ static void warm_up(const mapped *m, uint32_t n)
 static double memcpy_rate(const mapped *m, uint32_t n, size_t chunk, double seconds, uint8_t *dst)
 {
     uint64_t bytes = 0;
-    double t0 = now_s(), t = t0;
+    double t0 = (double)tio_now_ns() * 1e-9, t = t0;
     volatile uint8_t sink = 0;
     while (t - t0 < seconds) {
         for (uint32_t i = 0; i < n && t - t0 < seconds; i++)
@@ -101,9 +99,9 @@ static double memcpy_rate(const mapped *m, uint32_t n, size_t chunk, double seco
                 sink ^= dst[k / 2];
                 bytes += k;
                 if ((bytes & ((1u << 26) - 1)) < k)
-                    t = now_s();
+                    t = (double)tio_now_ns() * 1e-9;
             }
-        t = now_s();
+        t = (double)tio_now_ns() * 1e-9;
     }
     (void)sink;
     return (double)bytes / (t - t0);
@@ -192,7 +190,7 @@ int cmd_data_bench(int argc, char **argv)
     uint64_t check = 0;
     for (int run = 0; run < RUNS; run++) {
         uint64_t samples = 0;
-        double t0 = now_s(), t = t0;
+        double t0 = (double)tio_now_ns() * 1e-9, t = t0;
         while (t - t0 < seconds) {
             const tio_data_sample *s;
             if ((rc = tio_loader_next(ld, &s)) != 0) {
@@ -202,9 +200,9 @@ int cmd_data_bench(int argc, char **argv)
             check += s->tokens[samples % (seq_len + 1)] + s->position_ids[seq_len - 1];
             samples++;
             if ((samples & 15) == 0)
-                t = now_s();
+                t = (double)tio_now_ns() * 1e-9;
         }
-        t = now_s();
+        t = (double)tio_now_ns() * 1e-9;
         double rate = (double)samples * (seq_len + 1) / (t - t0);
         best = rate > best ? rate : best;
         samples_total += samples;
