@@ -10,7 +10,7 @@ IterableDataset of the same Parquet files tokenized with HF `tokenizers`.
    time to deliver one epoch's packed tokens from a fresh dataset (every document read
    and tokenized once), for Parquet and for JSONL.
 3. HF: `load_dataset("parquet", streaming=True)`, rows tokenized by `tokenizers` with
-   the same vocabulary (a tokenizer.json built from the r50k ranks), encode_batch over
+   the same vocabulary (a tokenizer.json built from the r50k ranks), encode_batch_fast over
    batches of 1000 rows, in a venv of its own (bench/run_parquet-requirements.txt).
 Each side runs BENCH_PARQUET_RUNS (default 3) times; the best run of each counts.
 Prints tokens/s of each and the ratios; --json for one JSON line.
@@ -160,7 +160,7 @@ def main():
           f"r50k_base, best of {runs})")
     print(f"teraio JSONL          {js_rate / 1e6:8.2f} M tokens/s  (the same text)")
     print(f"HF datasets streaming {hf['tokens_per_s'] / 1e6:8.2f} M tokens/s  (tokenizers "
-          f"encode_batch, {hf['tokens']} tokens)")
+          f"encode_batch_fast, {hf['tokens']} tokens)")
     print(f"Parquet / JSONL       {out['parquet_over_jsonl']:8.2f}")
     print(f"Parquet / HF          {out['parquet_over_hf']:8.2f}")
 
