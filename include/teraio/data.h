@@ -70,13 +70,19 @@
  *
  * Threads: a loader with prefetch runs one thread that draws, packs and
  * shuffles into a queue, optionally fill threads that read the tokens of the
- * queued samples, and, when a JSONL file is first read, tokenizer threads
- * for it; when the queue is empty the caller of tio_loader_next makes the
+ * queued samples, and, when a window of a text file (JSONL, Parquet text)
+ * is decoded, tokenizer threads for it; when the queue is empty the caller of tio_loader_next makes the
  * next sample itself.  The stream is the same whatever the thread counts.
  *
  * Thread-safety: a tio_dataset is immutable after tio_dataset_open (files
  * are mapped on first use, under its lock) and may be shared by loaders in
- * any threads.  A tio_loader is used by one thread at a time.
+ * any threads.  A tio_loader is used by one thread at a time (the Python
+ * StreamingDataset puts a lock around it).
+ *
+ * Memory: token files are mapped, not read; text files are decoded by
+ * windows (about TIO_JSONL_WINDOW_BYTES of a JSONL file, one Parquet row
+ * group) into a per-reader cache of cache_bytes, so a compressed file that
+ * expands a thousand times costs a window, not its decompressed size.
  */
 #ifndef TERAIO_DATA_H
 #define TERAIO_DATA_H
