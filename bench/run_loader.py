@@ -85,17 +85,10 @@ def teraio_python(root, seconds):
 
 
 def streaming_venv(base):
-    venv = base / "venv-streaming"
-    py = venv / "bin" / "python"
-    req = REPO / "bench" / "run_loader-requirements.txt"
-    stamp = venv / ".requirements"
-    if not py.exists() or not stamp.exists() or stamp.read_text() != req.read_text():
-        print("run_loader: creating the MosaicML Streaming venv (once)", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "-r", str(req)], check=True)
-        stamp.write_text(req.read_text())
-    return py
+    sys.path.insert(0, str(REPO / "bench"))
+    from benchenv import own_venv
+    return own_venv(base, "venv-streaming", REPO / "bench" / "run_loader-requirements.txt",
+                    "run_loader")
 
 
 def main():

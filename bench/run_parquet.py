@@ -30,6 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from benchenv import own_venv  # noqa: E402
+
 SEQ_LEN, EOS = 2048, 50256
 
 
@@ -63,44 +66,18 @@ def write(base, docs):
 
 
 def hf_tokenizer_json(path):
-    """GPT-2's tokenizer.json from the shipped r50k ranks (as transformers converts them)."""
+    """GPT-2's tokenizer.json from the shipped r50k ranks (run_tokenizer.py's conversion:
+    tiktoken's pattern split, then byte-level BPE with whole-token lookups first)."""
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
+    import tiktoken
     import tiktoken.load
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers
-    ranks = tiktoken.load.load_tiktoken_bpe(str(REPO / "python" / "teraio" / "tokenizers" /
-                                                "r50k_base.tiktoken"))
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    b2u = {b: chr(c) for b, c in zip(bs, cs)}
-    vocab = {"".join(b2u[b] for b in tok): rank for tok, rank in ranks.items()}
-    merges = []
-    for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        local = [(tok[:k], tok[k:]) for k in range(1, len(tok)) if tok[:k] in ranks and tok[k:] in ranks]
-        local.sort(key=lambda ab: (ranks[ab[0]], ranks[ab[1]]))
-        merges += [("".join(b2u[x] for x in a), "".join(b2u[x] for x in b)) for a, b in local]
-    t = tokenizers.Tokenizer(models.BPE(vocab, merges))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    t.decoder = decoders.ByteLevel()
-    t.save(str(path))
-
-
-def hf_venv(base):
-    venv = base / "venv-hf"
-    py = venv / "bin" / "python"
-    req = REPO / "bench" / "run_parquet-requirements.txt"
-    stamp = venv / ".requirements"
-    if not py.exists() or not stamp.exists() or stamp.read_text() != req.read_text():
-        print("run_parquet: creating the Hugging Face venv (once)", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "-r", str(req)], check=True)
-        stamp.write_text(req.read_text())
-    return py
+    from run_tokenizer import hf_tokenizer
+    shipped = REPO / "python" / "teraio" / "tokenizers"
+    spec = json.loads((shipped / "encodings.json").read_text())["r50k_base"]
+    ranks = tiktoken.load.load_tiktoken_bpe(str(shipped / "r50k_base.tiktoken"))
+    enc = tiktoken.Encoding("r50k_base", pat_str=spec["pat_str"], mergeable_ranks=ranks,
+                            special_tokens=spec["special_tokens"])
+    hf_tokenizer(enc, ranks).save(str(path))
 
 
 def teraio_epoch(root, runs):
@@ -139,7 +116,7 @@ def main():
     tok_json = base / "gpt2-tokenizer.json"
     if not tok_json.exists():
         hf_tokenizer_json(tok_json)
-    py = hf_venv(base)
+    py = own_venv(base, "venv-hf", REPO / "bench" / "run_parquet-requirements.txt", "run_parquet")
     r = subprocess.run([str(py), str(REPO / "bench" / "run_parquet_hf.py"),
                         str(base / "parquet" / "wiki" / "data" / "*.parquet"), str(tok_json),
                         str(runs)], capture_output=True, text=True)

@@ -213,6 +213,11 @@ bool tio_parquet_available(const char **why);
  * shim, checking what the loader relies on (fuzz target). */
 int tio_parquet_check_buffer(const uint8_t *buf, size_t len, const char *text_column);
 
+/* The file holding document `doc` of file `file` of sub-dataset `sub`,
+ * opened (-EINVAL naming what is out of range, or the open's error). */
+int tio_data_doc_file(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
+                      tio_data_file **out);
+
 /* Open a file's mapping/index if not yet (thread-safe). */
 int tio_data_file_open(tio_dataset *ds, tio_data_file *f);
 

@@ -443,8 +443,8 @@ const char *tio_dataset_file_format(const tio_dataset *ds, uint32_t sub, uint32_
     return tio_data_format_of(f->format)->name;
 }
 
-int tio_dataset_doc_location(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
-                             uint64_t *unit, uint64_t *row)
+int tio_data_doc_file(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
+                      tio_data_file **out)
 {
     if (sub >= ds->n_subs || file >= ds->subs[sub].n_files)
         return tio_fail(-EINVAL, "file %u of sub-dataset %u out of range", file, sub);
@@ -455,6 +455,17 @@ int tio_dataset_doc_location(tio_dataset *ds, uint32_t sub, uint32_t file, uint6
     if (doc >= f->n_docs)
         return tio_fail(-EINVAL, "%s: document %llu out of range (%llu)", f->rel,
                         (unsigned long long)doc, (unsigned long long)f->n_docs);
+    *out = f;
+    return 0;
+}
+
+int tio_dataset_doc_location(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
+                             uint64_t *unit, uint64_t *row)
+{
+    tio_data_file *f = NULL;
+    int rc = tio_data_doc_file(ds, sub, file, doc, &f);
+    if (rc)
+        return rc;
     *unit = doc;
     *row = 0;
     if (f->n_windows) {

@@ -219,18 +219,7 @@ static int shrunk(const tio_dataset *ds, uint32_t sub, uint32_t file)
 static int check_doc(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc,
                      tio_data_file **out)
 {
-    tio_dataset *ds = r->ds;
-    if (sub >= ds->n_subs || file >= ds->subs[sub].n_files)
-        return tio_fail(-EINVAL, "file %u of sub-dataset %u out of range", file, sub);
-    tio_data_file *f = &ds->subs[sub].files[file];
-    int rc = tio_data_file_open(ds, f);
-    if (rc)
-        return rc;
-    if (doc >= f->n_docs)
-        return tio_fail(-EINVAL, "%s: document %llu out of range (%llu)", f->rel,
-                        (unsigned long long)doc, (unsigned long long)f->n_docs);
-    *out = f;
-    return 0;
+    return tio_data_doc_file(r->ds, sub, file, doc, out);
 }
 
 static int doc_len(tio_data_reader *r, uint32_t sub, uint32_t file, uint64_t doc, uint64_t *n)
