@@ -192,7 +192,9 @@ typedef struct {
     uint64_t (*doc_len)(const tio_data_file *f, uint64_t doc);
     const uint8_t *(*doc_addr)(const tio_data_file *f, uint64_t doc, uint64_t off);
     int (*doc_read)(const tio_data_file *f, uint64_t doc, uint64_t off, uint64_t n, uint32_t *dst);
-    int (*window_load)(tio_dataset *ds, tio_data_file *f, uint32_t window, tio_window_ids *w);
+    int (*window_load)(tio_dataset *ds, tio_data_file *f, uint32_t window, tio_window_ids *w,
+                       void **cursor);
+    void (*cursor_free)(void *cursor);
 } tio_data_format;
 
 /* Map a whole file read-only (*map NULL for an empty file). */

@@ -733,11 +733,11 @@ static int arrow_doc_read(const tio_data_file *f, uint64_t doc, uint64_t off, ui
 }
 
 const tio_data_format tio_format_megatron = {"Megatron", megatron_open, unmap, megatron_doc_len,
-                                             megatron_doc_addr, megatron_doc_read, NULL};
+                                             megatron_doc_addr, megatron_doc_read, NULL, NULL};
 const tio_data_format tio_format_llmc = {"llm.c", llmc_open, llmc_close, llmc_doc_len,
-                                         llmc_doc_addr, llmc_doc_read, NULL};
+                                         llmc_doc_addr, llmc_doc_read, NULL, NULL};
 const tio_data_format tio_format_arrow = {"Arrow", arrow_open, arrow_close, arrow_doc_len,
-                                          arrow_doc_addr, arrow_doc_read, NULL};
+                                          arrow_doc_addr, arrow_doc_read, NULL, NULL};
 
 const tio_data_format *tio_data_format_of(int format)
 {

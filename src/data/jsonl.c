@@ -698,62 +698,109 @@ static int jsonl_text(void *ctx, uint64_t i, const char **text, size_t *len, cha
     return rc;
 }
 
-static int jsonl_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, tio_window_ids *out)
+/* Where a reader's last window of a file ended: the stream and its line
+ * reader standing at the start of the next window, so that windows read in
+ * order (a whole-file scan, ingest) decompress the file once; a jump
+ * elsewhere starts again from the beginning of the file. */
+typedef struct {
+    tio_text_stream *s;
+    line_reader lr;
+    uint32_t next;      /* the window that starts where it stands */
+    uint64_t line_base; /* lines before the one lr counts as its first */
+} jsonl_cursor;
+
+static void jsonl_cursor_free(void *p)
+{
+    jsonl_cursor *c = p;
+    if (!c)
+        return;
+    lines_free(&c->lr);
+    tio_text_stream_close(c->s);
+    free(c);
+}
+
+static int cursor_at(tio_dataset *ds, tio_data_file *f, uint32_t wi, jsonl_cursor **cursor)
+{
+    if (*cursor && (*cursor)->next == wi)
+        return 0;
+    jsonl_cursor_free(*cursor);
+    *cursor = NULL;
+    jsonl_cursor *c = calloc(1, sizeof *c);
+    if (!c)
+        return tio_fail(-ENOMEM, "%s: out of memory", f->rel);
+    int rc = tio_text_stream_open(f->path, f->comp, &c->s);
+    if (!rc)
+        rc = tio_text_stream_skip(c->s, f->windows[wi].offset);
+    if (rc) {
+        tio_text_stream_close(c->s);
+        free(c);
+        return rc;
+    }
+    lines_init(&c->lr, c->s, ds, f->rel);
+    c->next = wi;
+    c->line_base = f->windows[wi].line;
+    *cursor = c;
+    return 0;
+}
+
+/* Read window wi's lines through the cursor into jw. */
+static int read_window(tio_data_file *f, uint32_t wi, jsonl_cursor *c, jsonl_window *jw)
 {
     const tio_data_window *win = &f->windows[wi];
     uint64_t end = wi + 1 < f->n_windows ? f->windows[wi + 1].offset : UINT64_MAX;
-    tio_text_stream *s;
-    int rc = tio_text_stream_open(f->path, f->comp, &s);
-    if (rc)
-        return rc;
-    jsonl_window jw = {ds, f, NULL, NULL, win->first, NULL};
     size_t used = 0, cap = 0;
     uint64_t n = 0;
-    jw.lines = malloc((win->count ? win->count : 1) * 2 * sizeof *jw.lines);
-    jw.linenos = malloc((win->count ? win->count : 1) * sizeof *jw.linenos);
-    if (!jw.lines || !jw.linenos)
-        rc = tio_fail(-ENOMEM, "%s: out of memory", f->rel);
-    if (!rc)
-        rc = tio_text_stream_skip(s, win->offset);
-    line_reader lr;
-    lines_init(&lr, s, ds, f->rel);
+    int rc = 0;
+    jw->lines = malloc((win->count ? win->count : 1) * 2 * sizeof *jw->lines);
+    jw->linenos = malloc((win->count ? win->count : 1) * sizeof *jw->linenos);
+    if (!jw->lines || !jw->linenos)
+        return tio_fail(-ENOMEM, "%s: out of memory", f->rel);
+    line_reader *lr = &c->lr;
     const char *line;
     size_t len;
-    while (!rc && lr.buf_offset + lr.start < end && next_line(&lr, &line, &len, &rc)) {
-        if (lr.line_offset >= end)
-            break;
+    while (!rc && lr->buf_offset + lr->start < end && next_line(lr, &line, &len, &rc)) {
         if (blank(line, len))
             continue;
-        if (n == win->count) {
-            rc = tio_fail(TIO_EPARSE, "%s: the file changed since it was opened (more lines)",
-                          f->rel);
-            break;
-        }
+        if (n == win->count)
+            return tio_fail(TIO_EPARSE, "%s: the file changed since it was opened (more lines)",
+                            f->rel);
         if (used + len + 1 > cap) {
             size_t nc = (used + len + 1) * 2;
-            char *p = realloc(jw.buf, nc);
-            if (!p) {
-                rc = tio_fail(-ENOMEM, "%s: out of memory", f->rel);
-                break;
-            }
-            jw.buf = p;
+            char *p = realloc(jw->buf, nc);
+            if (!p)
+                return tio_fail(-ENOMEM, "%s: out of memory", f->rel);
+            jw->buf = p;
             cap = nc;
         }
-        memcpy(jw.buf + used, line, len);
-        jw.lines[2 * n] = used;
-        jw.lines[2 * n + 1] = used + len;
+        memcpy(jw->buf + used, line, len);
+        jw->lines[2 * n] = used;
+        jw->lines[2 * n + 1] = used + len;
         used += len + 1;
-        jw.linenos[n++] = win->line + lr.lineno;
+        jw->linenos[n++] = c->line_base + lr->lineno;
     }
-    lines_free(&lr);
-    tio_text_stream_close(s);
     if (!rc && n != win->count)
         rc = tio_fail(TIO_EPARSE, "%s: the file changed since it was opened (%llu lines in a "
                       "window that had %llu)", f->rel, (unsigned long long)n,
                       (unsigned long long)win->count);
-    if (!rc) {
+    return rc;
+}
+
+static int jsonl_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, tio_window_ids *out,
+                             void **cursor)
+{
+    jsonl_cursor *c = *cursor;
+    int rc = cursor_at(ds, f, wi, &c);
+    *cursor = c;
+    if (rc)
+        return rc;
+    jsonl_window jw = {ds, f, NULL, NULL, f->windows[wi].first, NULL};
+    if ((rc = read_window(f, wi, c, &jw)) == 0) {
+        c->next = wi + 1;
         tio_window_source src = {&jw, jsonl_text, NULL};
-        rc = tio_window_fill(ds, f, &src, win->first, win->count, out);
+        rc = tio_window_fill(ds, f, &src, f->windows[wi].first, f->windows[wi].count, out);
+    } else {
+        jsonl_cursor_free(c);
+        *cursor = NULL;
     }
     free(jw.buf);
     free(jw.lines);
@@ -762,4 +809,4 @@ static int jsonl_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, tio
 }
 
 const tio_data_format tio_format_jsonl = {"JSONL", jsonl_open, jsonl_close, NULL, NULL, NULL,
-                                          jsonl_window_load};
+                                          jsonl_window_load, jsonl_cursor_free};

@@ -169,8 +169,10 @@ static int pq_ids(void *ctx, uint64_t i, const uint32_t **ids, uint64_t *n)
     return 0;
 }
 
-static int parquet_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, tio_window_ids *out)
+static int parquet_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, tio_window_ids *out,
+                               void **cursor)
 {
+    (void)cursor; /* a row group is read by its offset: nothing to keep */
     const tio_data_window *win = &f->windows[wi];
     pq_window w = {f, (uint32_t)win->offset, {0}};
     char err[1024] = "";
@@ -191,7 +193,7 @@ static int parquet_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, t
 }
 
 const tio_data_format tio_format_parquet = {"Parquet", parquet_open, parquet_close, NULL, NULL,
-                                            NULL, parquet_window_load};
+                                            NULL, parquet_window_load, NULL};
 
 int tio_parquet_check_buffer(const uint8_t *buf, size_t len, const char *text_column)
 {

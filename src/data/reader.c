@@ -30,6 +30,10 @@ struct tio_data_reader {
     tio_dataset *ds;
     cache_entry cache[CACHE_MAX];
     uint64_t tick, cache_bytes;
+    /* where the last window load stopped, for one file (the format's) */
+    void *cursor;
+    uint32_t cursor_sub, cursor_file;
+    void (*cursor_free)(void *cursor);
     /* the last document whose length was asked (asked again to read it) */
     bool len_valid;
     uint32_t len_sub, len_file;
@@ -58,6 +62,8 @@ void tio_data_reader_destroy(tio_data_reader *r)
         return;
     for (int i = 0; i < CACHE_MAX; i++)
         tio_window_ids_free(&r->cache[i].ids);
+    if (r->cursor)
+        r->cursor_free(r->cursor);
     free(r);
 }
 
@@ -100,8 +106,16 @@ static int window_get(tio_data_reader *r, uint32_t sub, uint32_t file, tio_data_
             return 0;
         }
     }
+    const tio_data_format *fmt = tio_data_format_of(f->format);
+    if (r->cursor && (r->cursor_sub != sub || r->cursor_file != file)) {
+        r->cursor_free(r->cursor);
+        r->cursor = NULL;
+    }
+    r->cursor_sub = sub;
+    r->cursor_file = file;
+    r->cursor_free = fmt->cursor_free;
     tio_window_ids w;
-    int rc = tio_data_format_of(f->format)->window_load(r->ds, f, wi, &w);
+    int rc = fmt->window_load(r->ds, f, wi, &w, &r->cursor);
     if (rc)
         return rc;
     count_empty(f, wi, &w);

@@ -303,6 +303,69 @@ static void test_compression_bomb_memory_bounded(void **state)
 #endif
 }
 
+static int count_doc(void *arg, uint64_t doc, const uint32_t *ids, uint64_t n)
+{
+    uint64_t *seen = arg;
+    if (doc != seen[0] || n != 241 || ids[0] != 'w')
+        return -EBADMSG;
+    seen[0]++;
+    return 0;
+}
+
+/* A 20 MiB JSONL file (three windows), blank lines every 1000: a bad line
+ * past the first window is named by its true line number, and a scan in
+ * order reads every document once (windows in order continue the stream:
+ * the .zst is decompressed once, not once per window). */
+static void test_jsonl_windows_line_numbers_and_scan(void **state)
+{
+    (void)state;
+    char dir[700], p[800];
+    fresh(dir, sizeof dir, "windows", "w");
+    snprintf(p, sizeof p, "%s/w/x.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    uint64_t lines = 0, docs = 0, bad_line = 0, bad_doc = 0;
+    for (uint64_t k = 0; k < 80000; k++) {
+        if (k % 1000 == 999) {
+            fputs("   \n", f);
+            lines++;
+            continue;
+        }
+        lines++;
+        if (k == 70001) {
+            fputs("{\"text\": \"broken\\q\"}\n", f);
+            bad_line = lines;
+            bad_doc = docs;
+        } else {
+            fprintf(f, "{\"text\": \"w%0240llu\"}\n", (unsigned long long)k);
+        }
+        docs++;
+    }
+    fclose(f);
+    tio_dataset *ds;
+    assert_int_equal(tio_dataset_open(dir, NULL, &ds), 0);
+    assert_int_equal(tio_dataset_file_docs(ds, 0, 0), (int64_t)docs);
+    uint32_t *ids;
+    uint64_t n;
+    assert_int_equal(tio_dataset_read_doc(ds, 0, 0, bad_doc, &ids, &n), TIO_EPARSE);
+    char want[128];
+    snprintf(want, sizeof want, "w/x.jsonl: line %llu (document %llu)",
+             (unsigned long long)bad_line, (unsigned long long)bad_doc);
+    if (!strstr(tio_last_error(), want))
+        fail_msg("wanted '%s' in: %s", want, tio_last_error());
+    uint64_t unit, row;
+    assert_int_equal(tio_dataset_doc_location(ds, 0, 0, bad_doc, &unit, &row), 0);
+    assert_true(unit >= 2);
+    tio_dataset_destroy(ds);
+    sh("rm -f '%s/w/x.jsonl.zst' && sed -i '%llud' '%s/w/x.jsonl' && zstd -q --rm '%s/w/x.jsonl'",
+       dir, (unsigned long long)bad_line, dir, dir);
+    assert_int_equal(tio_dataset_open(dir, NULL, &ds), 0);
+    uint64_t seen[1] = {0};
+    assert_int_equal(tio_dataset_scan_file(ds, 0, 0, count_doc, seen), 0);
+    assert_int_equal(seen[0], docs - 1);
+    tio_dataset_destroy(ds);
+}
+
 /* ---- 15: crafted states --------------------------------------------------------- */
 
 static void recrc(uint8_t *st, size_t len)
@@ -642,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_all_empty_documents_loader_stops),
         cmocka_unit_test(test_compression_bomb_long_line_refused),
         cmocka_unit_test(test_compression_bomb_memory_bounded),
+        cmocka_unit_test(test_jsonl_windows_line_numbers_and_scan),
         cmocka_unit_test(test_crafted_state_huge_logical_shards),
         cmocka_unit_test(test_crafted_state_duplicate_shard),
         cmocka_unit_test(test_counts_mismatch_message_on_every_thread),
