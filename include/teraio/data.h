@@ -168,10 +168,15 @@ typedef struct tio_dataset tio_dataset;
  * the counts file are opened and validated now; JSONL files are read once to
  * count their lines.  `opts` may be NULL (defaults).  `*out` is owned by the
  * caller (tio_dataset_destroy).
- * Errors: -ENOENT/-ENOTDIR (root), -ENODATA (no sub-dataset), TIO_EPARSE
- * (malformed file: message names file, offset and what was expected, e.g.
- * "a/x.idx: bad magic", "a/x.idx: sequence 3 ends at byte 812 past the end
- * of a/x.bin (800 bytes)"), TIO_EVERSION (.idx version not 1), -ENOMEM, -EIO. */
+ * Errors: -ENOENT/-ENOTDIR (root), -ENODATA (no sub-dataset; a sub-dataset
+ * known to hold no token at all, named), TIO_EPARSE (malformed file: message
+ * names file, offset and what was expected, e.g. "a/x.idx: bad magic",
+ * "a/x.idx: sequence 3 ends at byte 812 past the end of a/x.bin (800
+ * bytes)", "a/x.jsonl.zst: line 1 is longer than the limit of 67108864
+ * bytes (max_line_bytes)", "a/x.parquet: column 'text' is int64, not a
+ * string"), TIO_EVERSION (.idx version not 1), -ENOTSUP (a Parquet file
+ * while Parquet is unavailable: the reason is in the message), -ENOMEM,
+ * -EIO. */
 TIO_API int tio_dataset_open(const char *root, const tio_dataset_options *opts,
                              tio_dataset **out);
 TIO_API void tio_dataset_destroy(tio_dataset *ds);
@@ -354,12 +359,16 @@ typedef struct tio_loader tio_loader;
  * changed, the mixing counters are re-based so that the new weights hold from
  * here on.  The resumed position is logged (TIO_LOG_INFO).
  * Errors: -EINVAL (bad options: seq_len 0, world_size 0, rank >= world_size,
- * logical_shards < world_size, negative weight, unknown weight name, all
- * weights 0), -ENODATA (this rank owns no document), TIO_ECORRUPT (state
- * checksum), TIO_EPARSE (malformed state), TIO_EVERSION (state version),
- * TIO_ESTATE (fingerprint mismatch: a state of another dataset or settings;
- * states of different runs; a rank missing or repeated), -ENOMEM, -EAGAIN
- * (thread creation). */
+ * logical_shards < world_size, an option above its TIO_LOADER_MAX_*, a
+ * weight that is not a number in [0, TIO_LOADER_MAX_WEIGHT], an unknown
+ * weight name, all weights 0; ds or opts NULL), -ENODATA (this rank owns no
+ * document), TIO_ECORRUPT (state
+ * checksum), TIO_EPARSE (malformed state: also a shard index given twice
+ * or not this rank's), TIO_EVERSION (state version), TIO_ESTATE
+ * (fingerprint mismatch: a state of another dataset or settings, checked
+ * from the state's header before anything is allocated for it; states of
+ * different runs; a rank missing or repeated), -ENOMEM, -EAGAIN (thread
+ * creation).  On failure *out is NULL and nothing is left allocated. */
 TIO_API int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
                               const void *const *states, const size_t *lens, uint32_t n_states,
                               tio_loader **out);
@@ -367,9 +376,11 @@ TIO_API int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
 TIO_API void tio_loader_destroy(tio_loader *ld);
 
 /* Deliver the next sample into *out (see tio_data_sample for lifetimes).
- * Never ends: shards loop over epochs.  Errors: those of reading a document
- * (TIO_EPARSE naming file and document, -EIO, -ENOMEM); after an error the
- * loader keeps returning it. */
+ * Never ends: shards loop over epochs.  Empty documents are skipped.
+ * Errors: those of reading a document (TIO_EPARSE naming file and document,
+ * -EIO, -ENOMEM), -ENODATA when every document this rank owns of a
+ * sub-dataset turns out empty (after two epochs' worth of empty draws);
+ * after an error the loader keeps returning it. */
 TIO_API int tio_loader_next(tio_loader *ld, const tio_data_sample **out);
 
 /* Serialize this rank's state after the last delivered sample into *buf
@@ -378,7 +389,10 @@ TIO_API int tio_loader_next(tio_loader *ld, const tio_data_sample **out);
 TIO_API int tio_loader_state(tio_loader *ld, void **buf, size_t *len);
 
 /* Write the state atomically (temporary file, fsync, rename) to `path`;
- * after a crash `path` holds either the old or the new state.
+ * after a crash `path` holds either the old or the new state.  First removes
+ * the stale "<path>.tmp.*" files of saves that were killed (their pid gone,
+ * or without a pid and over an hour old; regular files of this user only;
+ * logged).
  * Errors: those of tio_loader_state, -errno of the file system (naming the path). */
 TIO_API int tio_loader_save(tio_loader *ld, const char *path);
 
