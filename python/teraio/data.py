@@ -326,6 +326,19 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                              "docs_total": p.docs_total, "tokens_packed": p.tokens_packed}
             return out
 
+    def subdataset_info(self, name):
+        """What the dataset knows of sub-dataset `name`: files, documents, tokens (token
+        files), bytes, lines_skipped (bad text documents read as empty with
+        skip_bad_lines) and empty_documents (skipped by the loader; text files counted
+        as they are tokenized)."""
+        with self._lock:
+            self._check_open()
+            info = L.SubdatasetInfo()
+            check(L.tio_dataset_info(self._ds, self.subdatasets.index(name), byref(info)))
+            return {"files": info.n_files, "documents": info.n_docs, "tokens": info.n_tokens,
+                    "bytes": info.bytes, "lines_skipped": info.lines_skipped,
+                    "empty_documents": info.n_empty_docs}
+
     def locate(self, subdataset, file, doc):
         """Where the document of a provenance row (its sub-dataset, file and document
         columns) is: ``{"path", "format", "unit", "row"}``, the path relative to the root;

@@ -41,6 +41,7 @@ def tokens_of(f, d):
 
 
 TEXT_FILES = [(0, 37, 5), (1, 20, 7)]      # (file, rows, row group size)
+NULL_ROW = (1, 3)                            # file 1, row 3 of the text is null
 TOKEN_ROWS = 45
 
 
@@ -50,7 +51,8 @@ def root(tmp_path_factory):
     hub = r / "wiki" / "data"
     hub.mkdir(parents=True)
     for f, rows, rg in TEXT_FILES:
-        t = pa.table({"id": list(range(rows)), "text": [text_of(f, d) for d in range(rows)]})
+        t = pa.table({"id": list(range(rows)),
+                      "text": [None if (f, d) == NULL_ROW else text_of(f, d) for d in range(rows)]})
         pq.write_table(t, hub / f"train-{f:05d}-of-00002.parquet", row_group_size=rg)
     (r / "wiki" / "README.md").write_text("---\nlicense: cc\n---\n# wiki\n")
     (r / "wiki" / "dataset_info.json").write_text(json.dumps({"splits": {"train": {}}}))
@@ -92,6 +94,7 @@ def make(root, **kw):
     kw.setdefault("provenance", True)
     kw.setdefault("tokenizer", "r50k_base")
     kw.setdefault("logical_shards", 6)
+    kw.setdefault("skip_bad_lines", True)   # the null row: skipped and counted
     return StreamingDataset(str(root), **kw)
 
 
@@ -106,18 +109,21 @@ def check(ds, sample, spans):
     assert at == ds.seq_len + 1
 
 
+def all_docs(ds):
+    """Every document of an epoch but the null row."""
+    return {(s, f, d) for s, name in enumerate(ds.subdatasets) for f, n in enumerate(n_docs(name))
+            for d in range(n) if not (name == "wiki" and (f, d) == NULL_ROW)}
+
+
 def epoch_total(ds):
-    return sum(len(expected(ds, s, f, d)) for s, name in enumerate(ds.subdatasets)
-               for f, n in enumerate(n_docs(name)) for d in range(n))
+    return sum(len(expected(ds, *key)) for key in all_docs(ds))
 
 
 def assert_exactly_once(ds, spans):
     cover = {}
     for sub, f, d, off, n in spans:
         cover.setdefault((sub, f, d), []).append((off, n))
-    want = {(s, f, d) for s, name in enumerate(ds.subdatasets)
-            for f, n in enumerate(n_docs(name)) for d in range(n)}
-    assert set(cover) == want
+    assert set(cover) == all_docs(ds)
     for key, pieces in cover.items():
         at = 0
         for off, n in sorted(pieces):
@@ -153,6 +159,8 @@ def test_epoch_exactly_once_ids_equal_tiktoken(root):
     spans = []
     run_epoch([ds], spans, epoch_total(ds))
     assert_exactly_once(ds, spans)
+    info = ds.subdataset_info("wiki")
+    assert info["lines_skipped"] >= 1 and info["documents"] == 57
 
 
 @pytest.mark.parametrize("n, m, step", [(2, 3, 7), (3, 1, 4), (1, 2, 9)])
@@ -216,7 +224,7 @@ def good_bytes(tmp_path):
 
 def test_null_row_is_an_error_or_a_counted_skip(tmp_path):
     r = bad_root(tmp_path, "nulls", pa.table({"text": ["a b", None, "c d", "e"]}))
-    ds = make(r, tokenizer="bytes", seq_len=4)
+    ds = make(r, tokenizer="bytes", seq_len=4, skip_bad_lines=False)
     with pytest.raises(TeraioError, match=r"s/x.parquet: row group 0, row 1: column 'text' is null"):
         it = iter(ds)
         for _ in range(20):
@@ -260,7 +268,7 @@ def test_bad_files_named_with_row_group_and_column(tmp_path, case, message):
         r = bad_root(tmp_path, case, pa.table({"tokens": pa.array([[1, 2], [4, -3]],
                                                                   type=pa.list_(pa.int32()))}))
     with pytest.raises(TeraioError, match=message):
-        ds = make(r, tokenizer="bytes", seq_len=4)
+        ds = make(r, tokenizer="bytes", seq_len=4, skip_bad_lines=False)
         it = iter(ds)
         for _ in range(10):
             next(it)
