@@ -719,10 +719,34 @@ static void jsonl_cursor_free(void *p)
     free(c);
 }
 
+/* Move a line reader forward to decompressed offset `at` (>= where it is). */
+static int lines_skip_to(line_reader *lr, uint64_t at)
+{
+    if (at <= lr->buf_offset + lr->end) {
+        lr->start = (size_t)(at - lr->buf_offset);
+        return 0;
+    }
+    int rc = tio_text_stream_skip(lr->s, at - (lr->buf_offset + lr->end));
+    lr->buf_offset = at;
+    lr->start = lr->end = 0;
+    lr->eof = false;
+    return rc;
+}
+
 static int cursor_at(tio_dataset *ds, tio_data_file *f, uint32_t wi, jsonl_cursor **cursor)
 {
-    if (*cursor && (*cursor)->next == wi)
+    jsonl_cursor *old = *cursor;
+    if (old && old->next == wi)
         return 0;
+    if (old && old->next < wi) { /* forward: go on from here rather than from the start */
+        int rc = lines_skip_to(&old->lr, f->windows[wi].offset);
+        if (rc)
+            return rc;
+        old->lr.lineno = 0;
+        old->line_base = f->windows[wi].line;
+        old->next = wi;
+        return 0;
+    }
     jsonl_cursor_free(*cursor);
     *cursor = NULL;
     jsonl_cursor *c = calloc(1, sizeof *c);
@@ -790,9 +814,12 @@ static int jsonl_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, tio
 {
     jsonl_cursor *c = *cursor;
     int rc = cursor_at(ds, f, wi, &c);
-    *cursor = c;
-    if (rc)
+    if (rc) {
+        jsonl_cursor_free(c);
+        *cursor = NULL;
         return rc;
+    }
+    *cursor = c;
     jsonl_window jw = {ds, f, NULL, NULL, f->windows[wi].first, NULL};
     if ((rc = read_window(f, wi, c, &jw)) == 0) {
         c->next = wi + 1;

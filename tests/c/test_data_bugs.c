@@ -363,6 +363,21 @@ static void test_jsonl_windows_line_numbers_and_scan(void **state)
     uint64_t seen[1] = {0};
     assert_int_equal(tio_dataset_scan_file(ds, 0, 0, count_doc, seen), 0);
     assert_int_equal(seen[0], docs - 1);
+    /* one reader jumping forward, back and forward again across the windows
+     * reads what a fresh reader reads */
+    tio_data_reader *r;
+    assert_int_equal(tio_data_reader_create(ds, &r), 0);
+    static const uint64_t order[] = {10, 70000, 40000, 5, 79000, 39999, 79001};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        uint32_t got[241];
+        assert_int_equal(tio_data_doc_len(r, 0, 0, order[i], &n), 0);
+        assert_int_equal(n, 241);
+        assert_int_equal(tio_data_doc_read(r, 0, 0, order[i], 0, n, got), 0);
+        assert_int_equal(tio_dataset_read_doc(ds, 0, 0, order[i], &ids, &n), 0);
+        assert_memory_equal(got, ids, sizeof got);
+        free(ids);
+    }
+    tio_data_reader_destroy(r);
     tio_dataset_destroy(ds);
 }
 
