@@ -712,6 +712,64 @@ static void test_ingest_and_state_info(void **state)
     assert_int_equal(count_temps(out, "gone.bin"), 0);
 }
 
+/* ---- Parquet through the shim (issue 18), on files pyarrow wrote (the fuzz
+ * seeds): text rows in three row groups with a null and an empty row,
+ * token lists; under ThreadSanitizer the shim is not built and Parquet is
+ * refused with the reason. */
+static void test_parquet_rows_read_through_the_shim(void **state)
+{
+    (void)state;
+    char dir[700];
+    const char *src = getenv("TIO_SOURCE_DIR");
+    fresh(dir, sizeof dir, "parquet", "tp");
+    sh("cp '%s/fuzz/corpus/fuzz_data_parquet/text_null.parquet' '%s/t/x.parquet' && "
+       "cp '%s/fuzz/corpus/fuzz_data_parquet/tokens_uint16.parquet' '%s/p/y.parquet'",
+       src ? src : ".", dir, src ? src : ".", dir);
+    const char *why;
+    tio_dataset_options o;
+    tio_dataset_options_default(&o);
+    o.jsonl_errors = TIO_DATA_JSONL_SKIP;
+    tio_dataset *ds;
+    if (!tio_data_parquet_available(&why)) {
+        assert_int_equal(tio_dataset_open(dir, &o, &ds), -ENOTSUP);
+        assert_non_null(strstr(tio_last_error(), "Parquet is unavailable: "));
+        assert_non_null(strstr(tio_last_error(), why));
+        return;
+    }
+    assert_int_equal(tio_dataset_open(dir, &o, &ds), 0);
+    assert_int_equal(tio_dataset_file_docs(ds, 0, 0), 3);
+    assert_int_equal(tio_dataset_file_docs(ds, 1, 0), 5);
+    assert_string_equal(tio_dataset_file_format(ds, 1, 0), "Parquet text");
+    static const char *const texts[5] = {"alpha beta", "", "gamma", "", "delta epsilon"};
+    for (uint64_t d = 0; d < 5; d++) {
+        uint32_t *ids;
+        uint64_t n;
+        assert_int_equal(tio_dataset_read_doc(ds, 1, 0, d, &ids, &n), 0);
+        assert_int_equal(n, strlen(texts[d]));
+        for (uint64_t i = 0; i < n; i++)
+            assert_int_equal(ids[i], (unsigned char)texts[d][i]);
+        free(ids);
+    }
+    uint64_t unit, row;
+    assert_int_equal(tio_dataset_doc_location(ds, 1, 0, 4, &unit, &row), 0);
+    assert_int_equal(unit, 2);
+    assert_int_equal(row, 0);
+    tio_data_subdataset_info info;
+    assert_int_equal(tio_dataset_info(ds, 1, &info), 0);
+    assert_int_equal(info.lines_skipped, 1);
+    assert_int_equal(info.n_empty_docs, 1);
+    /* the loader over both, with its threads */
+    tio_loader *ld = loader(ds, 6, 4);
+    for (int k = 0; k < 20; k++) {
+        const tio_data_sample *smp;
+        assert_int_equal(tio_loader_next(ld, &smp), 0);
+        for (uint32_t i = 0; i < smp->n_spans; i++)
+            assert_false(smp->spans[i].subdataset == 1 && smp->spans[i].doc == 1);
+    }
+    tio_loader_destroy(ld);
+    tio_dataset_destroy(ds);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -727,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_prefetch_2pow31_refused),
         cmocka_unit_test(test_stale_state_temps_cleaned_at_save),
         cmocka_unit_test(test_ingest_and_state_info),
+        cmocka_unit_test(test_parquet_rows_read_through_the_shim),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
