@@ -144,7 +144,7 @@ static void print_subdataset(tio_dataset *ds, uint32_t s, const tio_data_subdata
                (unsigned long long)in->n_docs, (unsigned long long)in->n_tokens,
                (unsigned long long)in->bytes);
         for (uint32_t f = 0; f < in->n_files; f++)
-            printf("  %-40s %-8s %14lld documents\n", tio_dataset_file_path(ds, s, f),
+            printf("  %-40s %-14s %8lld documents\n", tio_dataset_file_path(ds, s, f),
                    tio_dataset_file_format(ds, s, f), (long long)tio_dataset_file_docs(ds, s, f));
         return;
     }
