@@ -97,12 +97,15 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     ``rank``/``world_size`` default to torchrun's ``RANK``/``WORLD_SIZE``, or to the
     ``mesh_dim`` dimension of ``device_mesh``.  The stream never ends (epochs loop).
 
-    JSONL text is tokenized by ``tokenizer``: ``"bytes"`` (default), a built-in BPE
-    encoding (``"cl100k_base"``, ...; rank files looked up in ``tokenizers_dir`` or
-    ``TERAIO_TOKENIZERS_DIR``) or the path of a Hugging Face ``tokenizer.json``; its name
-    enters the state fingerprint.  Each JSONL file is tokenized on ``tokenizer_threads``
-    threads (0: up to 4) when first read.  ``fill_threads`` threads read the tokens of
-    prefetched samples (None: the library's default, 2 on machines of 8 or more CPUs).
+    Text (JSONL, Parquet text columns) is tokenized by ``tokenizer``: ``"bytes"``
+    (default), a built-in BPE encoding (``"cl100k_base"``, ...; rank files looked up in
+    ``tokenizers_dir`` or ``TERAIO_TOKENIZERS_DIR``) or the path of a Hugging Face
+    ``tokenizer.json``; its name enters the state fingerprint.  Text is tokenized on
+    ``tokenizer_threads`` threads (0: up to 4) window by window (about 8 MiB of a JSONL
+    file, a Parquet row group) as it is read.  A JSONL line or Parquet text value longer
+    than ``max_line_bytes`` (None: 64 MiB) is an error naming file and line; each reader
+    keeps decoded windows up to ``cache_bytes`` (None: 256 MiB).  ``fill_threads``
+    threads read the tokens of prefetched samples (None: the library's default, 2 on machines of 8 or more CPUs).
 
     torch DataLoader workers are refused (``num_workers`` must be 0): the loader already
     reads, tokenizes and packs in its own C threads, a C thread does not survive the
@@ -114,7 +117,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                  weights=None, provenance=False, shuffle_buffer=64, eos_id=0, bos_id=None,
                  prefetch=8, text_field="text", skip_bad_lines=False, device_mesh=None,
                  mesh_dim=None, tokenizer="bytes", tokenizers_dir=None, tokenizer_threads=0,
-                 fill_threads=None):
+                 fill_threads=None, max_line_bytes=None, cache_bytes=None):
         super().__init__()
         if device_mesh is not None and (rank is None or world_size is None):
             rank, world_size = _mesh_dp(device_mesh, mesh_dim)
@@ -136,6 +139,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             bos_id = _int("bos_id", bos_id, 0, _U32)
         if fill_threads is not None:
             fill_threads = _int("fill_threads", fill_threads, 0, _U32)
+        if max_line_bytes is not None:
+            max_line_bytes = _int("max_line_bytes", max_line_bytes, 1, _U64)
+        if cache_bytes is not None:
+            cache_bytes = _int("cache_bytes", cache_bytes, 1, _U64)
         weights = {str(k): _weight(k, v) for k, v in dict(weights or {}).items()}
         self.provenance = provenance
         # One lock around every use of the C loader, which one thread at a time may use:
@@ -160,6 +167,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._text_field = text_field.encode()
         dopts.text_field = self._text_field
         dopts.jsonl_errors = 1 if skip_bad_lines else 0
+        if max_line_bytes is not None:
+            dopts.max_line_bytes = max_line_bytes
+        if cache_bytes is not None:
+            dopts.cache_bytes = cache_bytes
         ds = c_void_p()
         check(L.tio_dataset_open(self.root.encode(), byref(dopts), byref(ds)))
         self._ds = ds

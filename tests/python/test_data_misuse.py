@@ -111,6 +111,7 @@ def test_prefetch_2pow31_raises(root):
     (dict(seq_len=8, tokenizer_threads=-1), r"tokenizer_threads must be an integer"),
     (dict(seq_len=8, fill_threads=2**32), r"fill_threads must be an integer"),
     (dict(seq_len=8.5), r"seq_len must be an integer, got 8.5"),
+    (dict(seq_len=8, max_line_bytes=0), r"max_line_bytes must be an integer in \[1, "),
     (dict(seq_len=8, weights={"a": 1e308}), r"weight of 'a' is 1e\+308: it must be a number from 0 to 1e300"),
     (dict(seq_len=8, weights={"a": float("nan")}), r"weight of 'a' is nan"),
     (dict(seq_len=8, weights={"a": -1}), r"weight of 'a' is -1"),
@@ -120,3 +121,13 @@ def test_integers_out_of_range_refused_not_wrapped(root, kw, message):
     # world_size=2**32+1 wrapped likewise; weights of 1e308 got the wrong message.
     with pytest.raises(ValueError, match=message):
         StreamingDataset(root, logical_shards=kw.pop("logical_shards", 4), **kw)
+
+
+def test_line_longer_than_max_line_bytes_names_file_and_line(tmp_path):
+    # Issue 12, item 11: the limit is configurable from Python too.
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "x.jsonl").write_text('{"text": "ok"}\n\n{"text": "' + "y" * 300 + '"}\n')
+    with pytest.raises(Exception, match=r"t/x.jsonl: line 3 is longer than the limit of 100 bytes"):
+        StreamingDataset(tmp_path, seq_len=8, logical_shards=2, max_line_bytes=100)
+    ds = StreamingDataset(tmp_path, seq_len=8, logical_shards=2, max_line_bytes=1000, cache_bytes=1)
+    assert next(iter(ds))["input_ids"].shape == (8,)
