@@ -105,7 +105,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     file, a Parquet row group) as it is read.  A JSONL line or Parquet text value longer
     than ``max_line_bytes`` (None: 64 MiB) is an error naming file and line; each reader
     keeps decoded windows up to ``cache_bytes`` (None: 256 MiB).  ``fill_threads``
-    threads read the tokens of prefetched samples (None: the library's default, 2 on machines of 8 or more CPUs).
+    threads read the tokens of prefetched samples (None: the library's default, 2 on
+    machines of 8 or more CPUs).
 
     torch DataLoader workers are refused (``num_workers`` must be 0): the loader already
     reads, tokenizes and packs in its own C threads, a C thread does not survive the
