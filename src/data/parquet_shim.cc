@@ -134,8 +134,8 @@ int choose_column(Handle *h, const parquet::arrow::FileReader &r, const char *te
     return 0;
 }
 
-int open(const char *path, const void *buf, size_t len, const char *name, const char *text_column,
-         tio_pq **out, tio_pq_meta *meta, char *err, size_t cap)
+int pq_open(const char *path, const void *buf, size_t len, const char *name,
+            const char *text_column, tio_pq **out, tio_pq_meta *meta, char *err, size_t cap)
 {
     *out = nullptr;
     try {
@@ -272,7 +272,8 @@ int append_tokens(const Handle &h, int rg, const L &a, int64_t at, std::vector<u
 #undef TIO_PQ_IDS
 }
 
-int read(tio_pq *f, int32_t rg, uint64_t max_bytes, tio_pq_column *out, char *err, size_t cap)
+int pq_read(tio_pq *f, int32_t rg, uint64_t max_bytes, tio_pq_column *out, char *err,
+            size_t cap)
 {
     Handle &h = *reinterpret_cast<Handle *>(f);
     memset(out, 0, sizeof *out);
@@ -357,13 +358,13 @@ int read(tio_pq *f, int32_t rg, uint64_t max_bytes, tio_pq_column *out, char *er
     }
 }
 
-void close(tio_pq *f)
+void pq_close(tio_pq *f)
 {
     delete reinterpret_cast<Handle *>(f);
 }
 
-const tio_pq_api api = {TIO_PQ_ABI, ARROW_VERSION_STRING, open, row_group_rows, read,
-                        column_free, close};
+const tio_pq_api api = {TIO_PQ_ABI, ARROW_VERSION_STRING, pq_open, row_group_rows, pq_read,
+                        column_free, pq_close};
 
 } // namespace
 
