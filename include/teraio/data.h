@@ -389,10 +389,9 @@ TIO_API int tio_loader_next(tio_loader *ld, const tio_data_sample **out);
 TIO_API int tio_loader_state(tio_loader *ld, void **buf, size_t *len);
 
 /* Write the state atomically (temporary file, fsync, rename) to `path`;
- * after a crash `path` holds either the old or the new state.  First removes
- * the stale "<path>.tmp.*" files of saves that were killed (their pid gone,
- * or without a pid and over an hour old; regular files of this user only;
- * logged).
+ * after a crash `path` holds either the old or the new state.  The
+ * temporary files that killed saves left beside it (whose flock nobody
+ * holds) are removed first and logged (common/atomic_file.c).
  * Errors: those of tio_loader_state, -errno of the file system (naming the path). */
 TIO_API int tio_loader_save(tio_loader *ld, const char *path);
 

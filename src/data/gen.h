@@ -104,8 +104,6 @@ uint32_t tio_loader_queued(tio_loader *ld);
 int tio_gen_serialize(const tio_gen *g, void **buf, size_t *len);
 int tio_gen_load(tio_gen *g, const void *const *states, const size_t *lens, uint32_t n);
 int tio_state_check(const void *buf, size_t len, const char *name);
-/* Remove stale "<path>.tmp.*" files left by interrupted saves (logged). */
-void tio_state_clean_temps(const char *path);
 /* The states' settings (fingerprint, logical shards, seq_len, one world
  * size) against the options, from their fixed header, before anything is
  * allocated for them: TIO_ESTATE, or the errors of tio_state_check. */

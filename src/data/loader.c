@@ -661,8 +661,7 @@ int tio_loader_save(tio_loader *ld, const char *path)
     int rc = tio_loader_state(ld, &buf, &len);
     if (rc)
         return rc;
-    tio_state_clean_temps(path);
-    tio_atomic_file af;
+    tio_atomic_file af; /* it also removes temporaries of killed saves (unlocked) */
     if ((rc = tio_atomic_open(&af, path)) == 0) {
         if (fwrite(buf, 1, len, af.f) != len) {
             int e = errno ? errno : EIO;

@@ -16,15 +16,9 @@
  * A span is u32 sub-dataset (index in this file's list), u32 file, u64
  * document, u32 offset, u32 length, u32 epoch (28 bytes).
  */
-#include <dirent.h>
-#include <fcntl.h>
 #include <math.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-#include <sys/stat.h>
 
 #include "common/util.h"
 #include "data/gen.h"
@@ -605,52 +599,4 @@ int tio_gen_load(tio_gen *g, const void *const *states, const size_t *lens, uint
         parsed_free(&ps[i]);
     free(ps);
     return rc;
-}
-
-/* ---- stale temporary files ---------------------------------------------------
- * A save killed between creating its temporary file and renaming it leaves
- * "<state>.tmp.<suffix>" behind (500 kill -9 saves left 369).  Before each
- * save, those of the same state file are removed when stale: the suffix
- * starts with the pid of a process that no longer exists (kill(pid, 0)
- * fails with ESRCH), or, for a suffix without a pid, the file is older
- * than an hour.  Only regular files owned by this user are touched; our
- * own pid's are left to the save that is running.  Whatever naming the
- * atomic open uses, a live writer's file stays. */
-enum { STALE_AGE_S = 3600 };
-
-static bool stale(const char *suffix, const struct stat *st)
-{
-    char *end;
-    long pid = strtol(suffix, &end, 10);
-    if (end != suffix && pid > 0 && (*end == '\0' || *end == '.'))
-        return pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-    return time(NULL) - st->st_mtime > STALE_AGE_S;
-}
-
-void tio_state_clean_temps(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    const char *base = slash ? slash + 1 : path;
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    size_t blen = strlen(base);
-    DIR *d = opendir(dir);
-    if (!d)
-        return; /* the save names the problem */
-    int dfd = dirfd(d);
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        if (strncmp(de->d_name, base, blen) || strncmp(de->d_name + blen, ".tmp.", 5))
-            continue;
-        struct stat st;
-        if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
-            st.st_uid != geteuid() || !stale(de->d_name + blen + 5, &st))
-            continue;
-        if (unlinkat(dfd, de->d_name, 0) == 0)
-            tio_log(TIO_LOG_INFO, "removed a stale temporary file of an interrupted save: %s/%s",
-                    dir, de->d_name);
-    }
-    closedir(d);
 }
