@@ -12,9 +12,11 @@
  *      (added) token strings are cut out of the text, leftmost first and, at
  *      one position, longest first, and become their ids;
  *   2. pre-tokenization: each remaining stretch of text is cut into pieces by
- *      the encoding's split regex (PCRE2 with JIT, in UTF mode, with `\s` and
- *      `\S` rewritten to Unicode White_Space as the Rust `regex` crate under
- *      tiktoken's `fancy-regex` defines them);
+ *      the encoding's split regex: for the patterns of the built-in
+ *      encodings (also GPT-2's ByteLevel and Llama 3's Split), code written
+ *      for each that finds the same pieces; for any other, PCRE2 with JIT,
+ *      in UTF mode, with `\s` and `\S` rewritten to Unicode White_Space as
+ *      the Rust `regex` crate under tiktoken's `fancy-regex` defines them;
  *   3. BPE: a piece that is itself a token is that token; otherwise it starts
  *      as one token per byte and the adjacent pair with the lowest merge rank
  *      is merged, leftmost first on ties, until no pair can merge.

@@ -1,17 +1,21 @@
 /*
  * tok/encode.c — encoding, batch encoding and decoding.
  *
- * The hot path, per piece the split regex yields:
+ * The pieces come from the built-in splitter (split_builtin.h) for the
+ * patterns of the built-in encodings, PCRE2 for any other.  The hot path,
+ * per piece, inlined into the split loop:
  *   1. one byte: its byte token;
  *   2. pieces of up to TIO_TOK_CACHE_PIECE_BYTES: the per-thread cache of
  *      recent pieces (direct-mapped, so it is bounded and never evicts by
  *      scanning; whole-token pieces included, so frequent pieces are found
- *      in the core's own cache, not the shared token table): the cached ids;
+ *      in the core's own cache, not the shared token table), compared by
+ *      key (three words, tok_key): the cached ids;
  *   3. the whole piece is a token (one hash lookup; most pieces of real text
  *      are): that token;
- *   4. BPE merge.  Pieces of up to SMALL_PIECE bytes: arrays of (token, rank
- *      of the pair it starts) and a scan for the lowest rank, as tiktoken
- *      does; no rescans of bytes, each rank is a pair-table lookup by ids.
+ *   4. BPE merge, starting from the table of byte pairs.  Pieces of up to
+ *      SMALL_PIECE bytes: arrays of tokens, the rank of the pair each
+ *      starts, links to the live neighbours, and a scan for the lowest
+ *      rank; no rescans of bytes, each rank is a pair-table lookup by ids.
  *      Longer pieces: a doubly linked list of tokens and a binary min-heap of
  *      (rank, position), stale entries skipped on pop, O(n log n) — so a
  *      megabyte-long run of letters costs no more than its size suggests.
