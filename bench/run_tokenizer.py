@@ -49,7 +49,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import sysconfig
 import time
@@ -67,16 +66,9 @@ def in_bench_venv() -> None:
     """Re-run this script with the bench venv's Python, making it first."""
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
-    py = VENV / "bin" / "python"
-    stamp = VENV / ".requirements"
-    if not py.exists() or not stamp.exists() or stamp.read_text() != REQUIREMENTS.read_text():
-        print("run_tokenizer: creating the benchmark venv (once)", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                              "-r", str(REQUIREMENTS)], capture_output=True, text=True)
-        if pip.returncode:
-            sys.exit(f"run_tokenizer: pip install -r {REQUIREMENTS} failed:\n{pip.stderr[-3000:]}")
-        stamp.write_text(REQUIREMENTS.read_text())
+    sys.path.insert(0, str(REPO / "bench"))
+    from benchenv import own_venv
+    py = own_venv(VENV.parent, VENV.name, REQUIREMENTS, "run_tokenizer")
     os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
@@ -97,7 +89,9 @@ def stdlib_docs(limit_bytes: float) -> list[str]:
     return docs
 
 
-def hf_tokenizer(pat_str: str, ranks: dict[bytes, int]):
+def hf_tokenizer(enc, ranks: dict[bytes, int]):
+    """A Llama-3-style tokenizer.json of the ranks, split by enc's pattern
+    (also used by bench/run_parquet.py)."""
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers
 
@@ -117,7 +111,7 @@ def hf_tokenizer(pat_str: str, ranks: dict[bytes, int]):
         merges += [("".join(b2u[x] for x in a), "".join(b2u[x] for x in b)) for a, b in local]
     t = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
     t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(tokenizers.Regex(pat_str), behavior="isolated", invert=False),
+        pre_tokenizers.Split(tokenizers.Regex(enc._pat_str), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     t.decoder = decoders.ByteLevel()
     return t
@@ -146,7 +140,7 @@ def implementations(docs: list[str]):
                                                special_tokens=spec["special_tokens"])
                           for pat in (spec["pat_str"], old_pattern))
     bpe = bpe_openai._bindings.tokenizer_for_encoding(NAME)
-    hf = hf_tokenizer(old_pattern, ranks)
+    hf = hf_tokenizer(ref_old, ranks)
     tok = Tokenizer.encoding(NAME, SHIPPED)
     raw = [d.encode() for d in docs]
     buf = (ctypes.c_uint32 * max(len(r) for r in raw))()
