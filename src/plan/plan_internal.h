@@ -1,11 +1,12 @@
 /*
- * plan/plan_internal.h — helpers shared by the planner (planner.c) and the
- * plan file reader/writer (plan_io.c).
+ * plan/plan_internal.h — what the two planners (planner.c: Algorithm 1,
+ * planner_fast.c: teraio) and the plan file reader (plan_io.c) share; it
+ * is implemented in plan.c, the plan object and the one entry point.
  *
- * Both must leave tio_plan.migrations in the one order the header promises
- * (by trigger kernel, offloads before prefetches at the same kernel, then in
- * the order they were emitted or read), so that a saved plan loads back
- * byte-for-byte identical; the ordering lives here once.
+ * Every plan leaves tio_plan.migrations in the one order the header
+ * promises (by trigger kernel, offloads before prefetches at the same
+ * kernel, then in the order they were emitted or read), so that a saved
+ * plan loads back byte-for-byte identical; the ordering lives here once.
  */
 #ifndef TERAIO_PLAN_INTERNAL_H
 #define TERAIO_PLAN_INTERNAL_H
@@ -16,11 +17,19 @@
  * the current order among equal keys.  Returns 0 or -ENOMEM. */
 int tio_plan_sort_migrations(tio_migration *m, uint32_t n);
 
-/* Validate planner inputs (shared by tio_plan_build and
- * tio_plan_build_fast): returns 0, -EINVAL or TIO_EINFEASIBLE with a
- * message, exactly as tio_plan_build documents. */
-int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
-                          const tio_plan_options *opt);
+/* The two planners, as tio_plan_build calls them once it has checked the
+ * inputs (tio_plan_build documents returns and semantics). */
+int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
+                        const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out);
+int tio_plan_build_teraio(const tio_trace *trace, const tio_lifetime *lt,
+                          const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out);
+
+/* Bandwidth of each channel (TIO_CH_*), GB/s = bytes per ns: the options'
+ * SSD channels, and their host channels with 0 meaning "as the SSD's". */
+void tio_plan_channel_gbps(const tio_plan_options *opt, double gbps[TIO_CH_N]);
+
+/* Bytes a channel of `gbps` moves in `ns`, rounded down, at most `max`. */
+uint64_t tio_plan_budget_bytes(double gbps, double ns, uint64_t max);
 
 /* A growable list of migrations, as a planner emits them. */
 typedef struct {
@@ -36,14 +45,18 @@ int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
                        const tio_inactive_period *per, uint64_t k_off, uint64_t k_pre,
                        tio_tier tier);
 
-/* Finish a planner's work: sort the migrations, move them and M'
- * (`*planned`, [n_kernels]) into a new tio_plan with its peak, totals and
- * the planning time since `t0_ns`.  On success the list and *planned are
- * emptied (the plan owns them); on failure (-ENOMEM, or the sort's error)
- * nothing moves.  Shared by both planners. */
-int tio_plan_assemble(tio_migration_list *list, uint64_t **planned, uint32_t n_kernels,
-                      uint32_t n_tensors, uint64_t capacity_bytes, uint64_t peak_host_bytes,
-                      uint64_t bytes_to_ssd, uint64_t bytes_to_host, uint64_t t0_ns,
-                      tio_plan **out);
+/* What a planner hands over at the end. */
+typedef struct {
+    tio_migration_list migrations;
+    uint64_t *planned;            /* [n_kernels] M' */
+    uint64_t peak_host_bytes, bytes_to_ssd, bytes_to_host;
+} tio_plan_result;
+
+/* Finish a planner's work: sort the migrations, move them and M' into a
+ * new tio_plan with its peak, totals and the planning time since `t0_ns`.
+ * On success the result's list and M' are emptied (the plan owns them); on
+ * failure (-ENOMEM, or the sort's error) nothing moves. */
+int tio_plan_assemble(tio_plan_result *res, const tio_trace *trace, uint64_t capacity_bytes,
+                      uint64_t t0_ns, tio_plan **out);
 
 #endif

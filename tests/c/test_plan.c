@@ -98,10 +98,12 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Options of the hand-worked Algorithm 1 plans below. */
 static tio_plan_options options(uint64_t capacity, double read_gbps, double write_gbps)
 {
     tio_plan_options o;
     tio_plan_options_default(&o);
+    o.planner = TIO_PLANNER_ALG1;
     o.capacity_bytes = capacity;
     o.ssd_read_gbps = read_gbps;
     o.ssd_write_gbps = write_gbps;
@@ -306,6 +308,10 @@ static void test_plan_bad_options(void **state)
     o = options(4000, 2.0, 1.0);
     o.host_to_device_gbps = -1;
     assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), -EINVAL);
+    o = options(4000, 2.0, 1.0);
+    o.planner = (tio_planner)7;
+    assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), -EINVAL);
+    assert_non_null(strstr(tio_last_error(), "unknown planner 7"));
 }
 
 static void test_plan_options_default(void **state)
@@ -314,12 +320,23 @@ static void test_plan_options_default(void **state)
     tio_plan_options o;
     memset(&o, 0xff, sizeof o);
     tio_plan_options_default(&o);
+    assert_int_equal(o.planner, TIO_PLANNER_TERAIO);
     assert_int_equal(o.capacity_bytes, 0);
     assert_true(o.ssd_read_gbps == 2.0);
     assert_true(o.ssd_write_gbps == 1.5);
     assert_true(o.host_to_device_gbps == 0.0);
     assert_true(o.device_to_host_gbps == 0.0);
     assert_int_equal(o.host_cap_bytes, 0);
+    assert_int_equal(o.kind_mask, 0);
+    assert_true(o.best_tier && o.planned_stalls);
+    assert_string_equal(tio_planner_name(TIO_PLANNER_TERAIO), "teraio");
+    assert_string_equal(tio_planner_name(TIO_PLANNER_ALG1), "alg1");
+    assert_null(tio_planner_name((tio_planner)2));
+    tio_planner pl;
+    assert_int_equal(tio_planner_parse("alg1", &pl), 0);
+    assert_int_equal(pl, TIO_PLANNER_ALG1);
+    assert_int_equal(tio_planner_parse("fast", &pl), -EINVAL);
+    assert_string_equal(tio_last_error(), "unknown planner 'fast' (teraio, alg1)");
     assert_string_equal(tio_tier_name(TIO_TIER_SSD), "ssd");
     assert_string_equal(tio_tier_name(TIO_TIER_HOST), "host");
     assert_string_equal(tio_tier_name(TIO_TIER_DEVICE), "device");
