@@ -46,7 +46,7 @@ test-fuzz: deps
 	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS)
 
 test-python: build
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q -rs tests/python
 
 # `pip install .` into a fresh venv: import teraio and the teraio command work.
 test-pip: deps

@@ -4,7 +4,7 @@ tiktoken and Hugging Face tokenizers, measured in the same run.
 
 Text: the Python standard library sources (*.py, site-packages excluded),
 one document per file.  Encoding: cl100k_base (tiktoken built offline from
-../shared/tokenizers; tokenizers from a tokenizer.json made from the same
+python/teraio/tokenizers; tokenizers from a tokenizer.json made from the same
 ranks, Llama-3 style: Split(cl100k regex) + ByteLevel, ignore_merges).
 
 Prints MB/s (1e6 bytes of UTF-8 per second) for:
@@ -42,7 +42,7 @@ import tiktoken.load  # noqa: E402
 
 from teraio.tok import Tokenizer  # noqa: E402
 
-SHARED = Path(os.environ.get("TERAIO_TOKENIZERS_DIR") or REPO.parent / "shared" / "tokenizers")
+SHIPPED = REPO / "python" / "teraio" / "tokenizers"
 NAME = "cl100k_base"
 MB = float(os.environ.get("BENCH_TOK_MB", "8"))
 REPEATS = int(os.environ.get("BENCH_TOK_REPEATS", "5"))
@@ -101,14 +101,14 @@ def rate(fn, docs_bytes: int, cpu: dict | None = None, key: str = "") -> float:
 
 
 def main() -> int:
-    if not (SHARED / f"{NAME}.tiktoken").exists():
-        print(f"run_tokenizer: no {NAME}.tiktoken in {SHARED}; skipped")
+    if not (SHIPPED / f"{NAME}.tiktoken").exists():
+        print(f"run_tokenizer: no {NAME}.tiktoken in {SHIPPED}; skipped")
         return 0
-    spec = json.loads((SHARED / "encodings.json").read_text())[NAME]
-    ranks = tiktoken.load.load_tiktoken_bpe(str(SHARED / f"{NAME}.tiktoken"))
+    spec = json.loads((SHIPPED / "encodings.json").read_text())[NAME]
+    ranks = tiktoken.load.load_tiktoken_bpe(str(SHIPPED / f"{NAME}.tiktoken"))
     ref = tiktoken.Encoding(NAME, pat_str=spec["pat_str"], mergeable_ranks=ranks,
                             special_tokens=spec["special_tokens"])
-    tok = Tokenizer.encoding(NAME, SHARED)
+    tok = Tokenizer.encoding(NAME, SHIPPED)
     hf = hf_tokenizer(ref, ranks)
     docs = stdlib_docs(MB * 1e6)
     raw = [d.encode() for d in docs]

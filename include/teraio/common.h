@@ -58,6 +58,13 @@ typedef void (*tio_log_fn)(void *ctx, int level, const char *msg);
  * with respect to concurrent logging: call it at start-up. */
 TIO_API void tio_set_log(tio_log_fn fn, void *ctx, int min_level);
 
+/* Free memory the library handed to the caller (the buffers of
+ * tio_loader_state, tio_loader_state_read, ...: each function says when its
+ * output is the caller's to free).  NULL is a no-op.  For programs that
+ * cannot call the C library's free() of the same runtime (ctypes, other
+ * languages).  Thread-safe. */
+TIO_API void tio_free(void *p);
+
 /* Library version, e.g. "0.1.0". */
 TIO_API const char *tio_version(void);
 

@@ -271,8 +271,8 @@ TIO_API void tio_loader_destroy(tio_loader *ld);
 TIO_API int tio_loader_next(tio_loader *ld, const tio_data_sample **out);
 
 /* Serialize this rank's state after the last delivered sample into *buf
- * (malloc'ed, caller frees) of *len bytes.  Errors: -ENOMEM, a read error
- * replaying queued samples. */
+ * (malloc'ed; the caller frees it with free() or tio_free()) of *len bytes.
+ * Errors: -ENOMEM, a read error replaying queued samples. */
 TIO_API int tio_loader_state(tio_loader *ld, void **buf, size_t *len);
 
 /* Write the state atomically (temporary file, fsync, rename) to `path`;
@@ -280,7 +280,8 @@ TIO_API int tio_loader_state(tio_loader *ld, void **buf, size_t *len);
  * Errors: those of tio_loader_state, -errno of the file system (naming the path). */
 TIO_API int tio_loader_save(tio_loader *ld, const char *path);
 
-/* Read a state file into *buf (malloc'ed) and check its header and checksum.
+/* Read a state file into *buf (malloc'ed; free() or tio_free()) and check its
+ * header and checksum.
  * Errors: -ENOENT etc. naming the file, TIO_ECORRUPT, TIO_EPARSE, TIO_EVERSION. */
 TIO_API int tio_loader_state_read(const char *path, void **buf, size_t *len);
 

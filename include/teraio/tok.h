@@ -134,18 +134,28 @@ TIO_API int tio_tok_parse_tiktoken(tio_tok **out, const void *data, size_t len,
  * "cl100k_base", "o200k_base"), NULL when i is past the end. */
 TIO_API const char *tio_tok_encoding_name(size_t i);
 
-/* Path of the rank file of built-in encoding `name`, "<dir>/<name>.tiktoken",
- * written NUL-terminated into path[cap].  Searched in order: `dir` (when not
- * NULL), then the directory in the environment variable
- * TERAIO_TOKENIZERS_DIR (when set); the first that holds a readable file
- * wins.  Returns 0, -ENOENT (unknown name, or not found: the message lists
- * where it looked), -ENAMETOOLONG (cap too small). */
+/* Path of the rank file of built-in encoding `name`, written NUL-terminated
+ * into path[cap].  Searched in order, the first readable file wins:
+ *   1. `dir`/<name>.tiktoken, when `dir` is not NULL;
+ *   2. $TERAIO_TOKENIZERS_DIR/<name>.tiktoken, when that variable is set;
+ *   3. tiktoken's download cache: $TIKTOKEN_CACHE_DIR, else
+ *      $DATA_GYM_CACHE_DIR, else <tmp>/data-gym-cache (<tmp>: $TMPDIR, $TEMP,
+ *      $TMP or /tmp, as Python's tempfile.gettempdir()), the file named by
+ *      the SHA-1 of the encoding's public URL, as tiktoken names it (an empty
+ *      TIKTOKEN_CACHE_DIR turns this place off, as in tiktoken);
+ *   4. the copy shipped with teraio: "tokenizers" beside the folder of the
+ *      binary holding libteraio (<package>/tokenizers of an installed wheel;
+ *      build/tokenizers, a link to python/teraio/tokenizers, in a source build).
+ * Returns 0, -ENOENT (unknown name, or not found: the message lists every
+ * path tried), -ENAMETOOLONG (cap too small).  Thread-safe. */
 TIO_API int tio_tok_encoding_path(const char *name, const char *dir, char *path, size_t cap);
 
-/* Load built-in encoding `name` (pattern and special tokens compiled in, the
- * rank file found with tio_tok_encoding_path(name, dir)).  Errors: those of
- * tio_tok_encoding_path and tio_tok_load_tiktoken; TIO_ECORRUPT when the
- * file's rank count differs from the encoding's. */
+/* Load built-in encoding `name` (pattern, special tokens and the rank file's
+ * SHA-256 compiled in, the rank file found with tio_tok_encoding_path(name,
+ * dir)).  Errors: those of tio_tok_encoding_path and tio_tok_load_tiktoken;
+ * TIO_ECORRUPT when the file's SHA-256 is not the encoding's (the message
+ * names the file and both digests; nothing is loaded) or its rank count
+ * differs from the encoding's. */
 TIO_API int tio_tok_load_encoding(tio_tok **out, const char *name, const char *dir);
 
 /* Load a Hugging Face tokenizer.json (byte-level BPE, see the top of this

@@ -1,9 +1,14 @@
-"""ctypes bindings to libteraio.
+"""ctypes bindings to libteraio: the one place that declares the C API to Python.
 
 The adapter is thin on purpose: every algorithm (trace format, lifetime
-analysis, planning, the I/O engine, the runtime) lives in the C library.  This
-module only declares the C signatures it calls and turns negative return codes
-into :class:`TeraioError` carrying the library's own message.
+analysis, planning, the I/O engine, the runtime, the tokenizer, the data
+loader) lives in the C library.  This module declares every C function the
+package calls (named as in include/teraio/*.h) and mirrors every C struct it
+passes (each class names its C type in ``_c_name``;
+tests/python/test_abi.py checks sizes, offsets and argument counts against the
+headers), and turns negative return codes into :class:`TeraioError` carrying
+the library's own message.  The modules above it (core, tok, data, torch) use
+only what is declared here.
 
 The library is found, in order: ``$TERAIO_LIBRARY``; ``teraio/_lib/`` next to
 this file (an installed wheel); ``build/lib/`` of the source tree this package
@@ -13,8 +18,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char_p, c_double, c_int,
-                    c_uint8, c_uint32, c_uint64, c_void_p)
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char_p, c_double, c_int, c_int64,
+                    c_size_t, c_uint, c_uint8, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
 
@@ -54,6 +59,7 @@ tio_last_error = _fn("tio_last_error", c_char_p)
 tio_version = _fn("tio_version", c_char_p)
 tio_features = _fn("tio_features", c_char_p)
 tio_set_log = _fn("tio_set_log", None, LOG_FN, c_void_p, c_int)
+tio_free = _fn("tio_free", None, c_void_p)
 
 
 def check(rc: int) -> int:
@@ -66,20 +72,25 @@ def check(rc: int) -> int:
 
 # ---- trace ------------------------------------------------------------------
 class TraceTensor(Structure):
+    _c_name = "tio_trace_tensor"
+    _c_fields = {"global_": "global"}  # Python names that differ from the C field
     _fields_ = [("id", c_uint32), ("bytes", c_uint64), ("kind", c_int), ("global_", c_bool),
                 ("name", c_char_p)]
 
 
 class TraceKernel(Structure):
+    _c_name = "tio_trace_kernel"
     _fields_ = [("name", c_char_p), ("duration_ns", c_uint64), ("first_access", c_uint32),
                 ("n_accesses", c_uint32)]
 
 
 class TraceAccess(Structure):
+    _c_name = "tio_trace_access"
     _fields_ = [("tensor", c_uint32), ("mode", c_uint8)]
 
 
 class Trace(Structure):
+    _c_name = "tio_trace"
     _fields_ = [("n_tensors", c_uint32), ("tensors", POINTER(TraceTensor)),
                 ("n_kernels", c_uint32), ("kernels", POINTER(TraceKernel)),
                 ("n_accesses", c_uint32), ("accesses", POINTER(TraceAccess)),
@@ -100,6 +111,7 @@ tio_trace_load = _fn("tio_trace_load", c_int, c_char_p, POINTER(TraceP))
 
 # ---- lifetime ---------------------------------------------------------------
 class Lifetime(Structure):
+    _c_name = "tio_lifetime"
     _fields_ = [("n_kernels", c_uint32), ("n_tensors", c_uint32),
                 ("memory_bytes", POINTER(c_uint64)), ("active_bytes", POINTER(c_uint64)),
                 ("peak_bytes", c_uint64), ("peak_kernel", c_uint32), ("max_active_bytes", c_uint64),
@@ -117,6 +129,7 @@ PLANNERS = {"teraio": 0, "alg1": 1}
 
 
 class PlanOptions(Structure):
+    _c_name = "tio_plan_options"
     _fields_ = [("planner", c_int), ("capacity_bytes", c_uint64), ("ssd_read_gbps", c_double),
                 ("ssd_write_gbps", c_double), ("host_to_device_gbps", c_double),
                 ("device_to_host_gbps", c_double), ("host_cap_bytes", c_uint64),
@@ -124,11 +137,13 @@ class PlanOptions(Structure):
 
 
 class Migration(Structure):
+    _c_name = "tio_migration"
     _fields_ = [("tensor", c_uint32), ("kind", c_int), ("trigger_kernel", c_uint32),
                 ("deadline_kernel", c_uint32), ("tier", c_int), ("bytes", c_uint64)]
 
 
 class Plan(Structure):
+    _c_name = "tio_plan"
     _fields_ = [("n_kernels", c_uint32), ("n_tensors", c_uint32), ("capacity_bytes", c_uint64),
                 ("n_migrations", c_uint32), ("migrations", POINTER(Migration)),
                 ("planned_memory_bytes", POINTER(c_uint64)), ("planned_peak_bytes", c_uint64),
@@ -146,6 +161,7 @@ tio_plan_check = _fn("tio_plan_check", c_int, PlanP, TraceP, LifetimeP)
 
 # ---- simulator --------------------------------------------------------------
 class Hw(Structure):
+    _c_name = "tio_hw"
     _fields_ = [("name", ctypes.c_char * 64), ("capacity_bytes", c_uint64),
                 ("pcie_h2d_gbps", c_double), ("pcie_d2h_gbps", c_double), ("ssd_count", c_uint32),
                 ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double),
@@ -159,12 +175,14 @@ class Hw(Structure):
 
 
 class SimCalibration(Structure):
+    _c_name = "tio_sim_calibration"
     _fields_ = [("calibration", PlanP), ("plan", PlanP), ("calibration_capacity_bytes", c_uint64),
                 ("capacity_bytes", c_uint64), ("empty_s", c_double), ("calibration_s", c_double),
                 ("measured_s", c_double), ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double)]
 
 
 class SimFit(Structure):
+    _c_name = "tio_sim_fit"
     _fields_ = [("hw", Hw), ("kernel_scale", c_double), ("kernels_s", c_double),
                 ("simulated_s", c_double), ("measured_s", c_double), ("error", c_double)]
 
@@ -175,12 +193,14 @@ tio_sim_fit_host_costs = _fn("tio_sim_fit_host_costs", c_int, TraceP, LifetimeP,
 
 # ---- engine -----------------------------------------------------------------
 class EngineOptions(Structure):
+    _c_name = "tio_engine_options"
     _fields_ = [("dirs", POINTER(c_char_p)), ("n_dirs", c_uint32), ("capacity_bytes", c_uint64),
                 ("stripe_bytes", c_uint32), ("queue_depth", c_uint32), ("request_bytes", c_uint32),
                 ("backend", c_int), ("checksum", c_bool)]
 
 
 class Extent(Structure):
+    _c_name = "tio_extent"
     _fields_ = [("offset", c_uint64), ("bytes", c_uint64)]
 
 
@@ -204,11 +224,13 @@ UNSTAGE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32, c_bool)
 
 
 class RuntimeCallbacks(Structure):
+    _c_name = "tio_runtime_callbacks"
     _fields_ = [("ctx", c_void_p), ("allocate", ALLOCATE_FN), ("release", RELEASE_FN),
                 ("stage_out", STAGE_FN), ("stage_in", STAGE_FN), ("unstage", UNSTAGE_FN)]
 
 
 class RuntimeStats(Structure):
+    _c_name = "tio_runtime_stats"
     _fields_ = [("bytes_offloaded", c_uint64), ("bytes_offloaded_ssd", c_uint64),
                 ("bytes_offloaded_host", c_uint64), ("bytes_prefetched", c_uint64),
                 ("bytes_fetched_urgent", c_uint64), ("n_offloads", c_uint64), ("n_prefetches", c_uint64),
@@ -230,6 +252,95 @@ tio_runtime_ensure_resident = _fn("tio_runtime_ensure_resident", c_int, c_void_p
 tio_runtime_is_resident = _fn("tio_runtime_is_resident", c_bool, c_void_p, c_uint32)
 tio_runtime_fetch_all = _fn("tio_runtime_fetch_all", c_int, c_void_p)
 tio_runtime_get_stats = _fn("tio_runtime_get_stats", None, c_void_p, POINTER(RuntimeStats))
+
+
+# ---- tokenizer --------------------------------------------------------------
+class TokSpecial(Structure):
+    _c_name = "tio_tok_special"
+    _fields_ = [("text", c_char_p), ("id", c_uint32)]
+
+
+tio_tok_load_tiktoken = _fn("tio_tok_load_tiktoken", c_int, POINTER(c_void_p), c_char_p, c_char_p,
+                            POINTER(TokSpecial), c_size_t)
+tio_tok_load_encoding = _fn("tio_tok_load_encoding", c_int, POINTER(c_void_p), c_char_p, c_char_p)
+tio_tok_load_hf = _fn("tio_tok_load_hf", c_int, POINTER(c_void_p), c_char_p)
+tio_tok_parse_hf = _fn("tio_tok_parse_hf", c_int, POINTER(c_void_p), c_char_p, c_size_t)
+tio_tok_destroy = _fn("tio_tok_destroy", None, c_void_p)
+tio_tok_vocab_size = _fn("tio_tok_vocab_size", c_uint32, c_void_p)
+tio_tok_special_id = _fn("tio_tok_special_id", c_int, c_void_p, c_char_p)
+tio_tok_encode = _fn("tio_tok_encode", c_int, c_void_p, c_char_p, c_size_t, c_int, POINTER(c_uint32),
+                     c_size_t, POINTER(c_size_t))
+tio_tok_encode_batch = _fn("tio_tok_encode_batch", c_int, c_void_p, POINTER(c_char_p), POINTER(c_size_t),
+                           c_size_t, c_int, c_uint, POINTER(c_uint32), c_size_t, POINTER(c_size_t))
+tio_tok_decode = _fn("tio_tok_decode", c_int, c_void_p, POINTER(c_uint32), c_size_t, c_char_p, c_size_t,
+                     POINTER(c_size_t))
+tio_tok_encoding_name = _fn("tio_tok_encoding_name", c_char_p, c_size_t)
+
+
+# ---- data loader ------------------------------------------------------------
+class DataTokenizer(Structure):
+    _c_name = "tio_data_tokenizer"
+    _fields_ = [("name", c_char_p), ("ctx", c_void_p), ("encode", c_void_p), ("vocab_size", c_uint32)]
+
+
+class DatasetOptions(Structure):
+    _c_name = "tio_dataset_options"
+    _fields_ = [("tokenizer", POINTER(DataTokenizer)), ("text_field", c_char_p), ("jsonl_errors", c_int),
+                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32)]
+
+
+class LoaderOptions(Structure):
+    _c_name = "tio_loader_options"
+    _fields_ = [("seq_len", c_uint32), ("rank", c_uint32), ("world_size", c_uint32), ("seed", c_uint64),
+                ("logical_shards", c_uint32), ("shuffle_buffer", c_uint32), ("eos_id", c_uint32),
+                ("bos", c_bool), ("bos_id", c_uint32), ("n_weights", c_uint32),
+                ("weight_names", POINTER(c_char_p)), ("weights", POINTER(c_double)),
+                ("prefetch", c_uint32), ("fill_threads", c_uint32)]
+
+
+class DataSpan(Structure):
+    _c_name = "tio_data_span"
+    _fields_ = [("subdataset", c_uint32), ("file", c_uint32), ("doc", c_uint64), ("offset", c_uint32),
+                ("length", c_uint32), ("epoch", c_uint32)]
+
+
+class DataSample(Structure):
+    _c_name = "tio_data_sample"
+    _fields_ = [("index", c_uint64), ("seq_len", c_uint32), ("tokens", POINTER(c_uint32)),
+                ("position_ids", POINTER(c_uint32)), ("n_segments", c_uint32),
+                ("cu_seqlens", POINTER(c_uint32)), ("n_spans", c_uint32), ("spans", POINTER(DataSpan))]
+
+
+class SubdatasetInfo(Structure):
+    _c_name = "tio_data_subdataset_info"
+    _fields_ = [("name", c_char_p), ("n_files", c_uint32), ("n_docs", c_uint64), ("bytes", c_uint64),
+                ("n_tokens", c_uint64), ("lines_skipped", c_uint64)]
+
+
+class DataPosition(Structure):
+    _c_name = "tio_data_position"
+    _fields_ = [("epoch", c_uint32), ("docs_consumed", c_uint64), ("docs_total", c_uint64),
+                ("tokens_packed", c_uint64)]
+
+
+tio_data_tokenizer_open = _fn("tio_data_tokenizer_open", c_int, c_char_p, c_char_p,
+                              POINTER(POINTER(DataTokenizer)))
+tio_data_tokenizer_close = _fn("tio_data_tokenizer_close", None, POINTER(DataTokenizer))
+tio_dataset_options_default = _fn("tio_dataset_options_default", None, POINTER(DatasetOptions))
+tio_dataset_open = _fn("tio_dataset_open", c_int, c_char_p, POINTER(DatasetOptions), POINTER(c_void_p))
+tio_dataset_destroy = _fn("tio_dataset_destroy", None, c_void_p)
+tio_dataset_n_subdatasets = _fn("tio_dataset_n_subdatasets", c_uint32, c_void_p)
+tio_dataset_info = _fn("tio_dataset_info", c_int, c_void_p, c_uint32, POINTER(SubdatasetInfo))
+tio_dataset_file_path = _fn("tio_dataset_file_path", c_char_p, c_void_p, c_uint32, c_uint32)
+tio_loader_options_default = _fn("tio_loader_options_default", None, POINTER(LoaderOptions))
+tio_loader_create = _fn("tio_loader_create", c_int, c_void_p, POINTER(LoaderOptions), POINTER(c_void_p),
+                        POINTER(c_size_t), c_uint32, POINTER(c_void_p))
+tio_loader_destroy = _fn("tio_loader_destroy", None, c_void_p)
+tio_loader_next = _fn("tio_loader_next", c_int, c_void_p, POINTER(POINTER(DataSample)))
+tio_loader_state = _fn("tio_loader_state", c_int, c_void_p, POINTER(c_void_p), POINTER(c_size_t))
+tio_loader_save = _fn("tio_loader_save", c_int, c_void_p, c_char_p)
+tio_loader_state_read = _fn("tio_loader_state_read", c_int, c_char_p, POINTER(c_void_p), POINTER(c_size_t))
+tio_loader_position = _fn("tio_loader_position", c_int, c_void_p, c_uint32, POINTER(DataPosition))
 
 
 def version() -> str:

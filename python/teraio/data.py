@@ -16,88 +16,22 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from ctypes import (POINTER, Structure, byref, c_bool, c_char_p, c_double, c_int, c_int64, c_size_t,
-                    c_uint32, c_uint64, c_void_p)
+from ctypes import POINTER, byref, c_char_p, c_double, c_size_t, c_void_p
 from pathlib import Path
 
 import torch
 
-from ._lib import TeraioError, check, lib
+from . import _lib as L
+from ._lib import TeraioError, check
 
 log = logging.getLogger("teraio.data")
-
-class _Tokenizer(Structure):
-    _fields_ = [("name", c_char_p), ("ctx", c_void_p), ("encode", c_void_p), ("vocab_size", c_uint32)]
-
-
-class _DatasetOptions(Structure):
-    _fields_ = [("tokenizer", POINTER(_Tokenizer)), ("text_field", c_char_p), ("jsonl_errors", c_int),
-                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32)]
-
-
-class _LoaderOptions(Structure):
-    _fields_ = [("seq_len", c_uint32), ("rank", c_uint32), ("world_size", c_uint32), ("seed", c_uint64),
-                ("logical_shards", c_uint32), ("shuffle_buffer", c_uint32), ("eos_id", c_uint32),
-                ("bos", c_bool), ("bos_id", c_uint32), ("n_weights", c_uint32),
-                ("weight_names", POINTER(c_char_p)), ("weights", POINTER(c_double)),
-                ("prefetch", c_uint32), ("fill_threads", c_uint32)]
-
-
-class _Span(Structure):
-    _fields_ = [("subdataset", c_uint32), ("file", c_uint32), ("doc", c_uint64), ("offset", c_uint32),
-                ("length", c_uint32), ("epoch", c_uint32)]
-
-
-class _Sample(Structure):
-    _fields_ = [("index", c_uint64), ("seq_len", c_uint32), ("tokens", POINTER(c_uint32)),
-                ("position_ids", POINTER(c_uint32)), ("n_segments", c_uint32),
-                ("cu_seqlens", POINTER(c_uint32)), ("n_spans", c_uint32), ("spans", POINTER(_Span))]
-
-
-class _SubInfo(Structure):
-    _fields_ = [("name", c_char_p), ("n_files", c_uint32), ("n_docs", c_uint64), ("bytes", c_uint64),
-                ("n_tokens", c_uint64), ("lines_skipped", c_uint64)]
-
-
-class _Position(Structure):
-    _fields_ = [("epoch", c_uint32), ("docs_consumed", c_uint64), ("docs_total", c_uint64),
-                ("tokens_packed", c_uint64)]
-
-
-def _fn(name, restype, *argtypes):
-    f = getattr(lib, name)
-    f.restype = restype
-    f.argtypes = list(argtypes)
-    return f
-
-
-_tok_open = _fn("tio_data_tokenizer_open", c_int, c_char_p, c_char_p, POINTER(POINTER(_Tokenizer)))
-_tok_close = _fn("tio_data_tokenizer_close", None, POINTER(_Tokenizer))
-_ds_defaults = _fn("tio_dataset_options_default", None, POINTER(_DatasetOptions))
-_ds_open = _fn("tio_dataset_open", c_int, c_char_p, POINTER(_DatasetOptions), POINTER(c_void_p))
-_ds_destroy = _fn("tio_dataset_destroy", None, c_void_p)
-_ds_n = _fn("tio_dataset_n_subdatasets", c_uint32, c_void_p)
-_ds_info = _fn("tio_dataset_info", c_int, c_void_p, c_uint32, POINTER(_SubInfo))
-_ds_path = _fn("tio_dataset_file_path", c_char_p, c_void_p, c_uint32, c_uint32)
-_ld_defaults = _fn("tio_loader_options_default", None, POINTER(_LoaderOptions))
-_ld_create = _fn("tio_loader_create", c_int, c_void_p, POINTER(_LoaderOptions), POINTER(c_void_p),
-                 POINTER(c_size_t), c_uint32, POINTER(c_void_p))
-_ld_destroy = _fn("tio_loader_destroy", None, c_void_p)
-_ld_next = _fn("tio_loader_next", c_int, c_void_p, POINTER(POINTER(_Sample)))
-_ld_state = _fn("tio_loader_state", c_int, c_void_p, POINTER(c_void_p), POINTER(c_size_t))
-_ld_save = _fn("tio_loader_save", c_int, c_void_p, c_char_p)
-_ld_read = _fn("tio_loader_state_read", c_int, c_char_p, POINTER(c_void_p), POINTER(c_size_t))
-_ld_position = _fn("tio_loader_position", c_int, c_void_p, c_uint32, POINTER(_Position))
-_libc = ctypes.CDLL(None)
-_libc.free.argtypes = [c_void_p]
-_libc.free.restype = None
 
 
 def _take(buf: c_void_p, n: c_size_t) -> bytes:
     try:
         return ctypes.string_at(buf, n.value)
     finally:
-        _libc.free(buf)
+        L.tio_free(buf)
 
 
 def _copy_u32(ptr, n):
@@ -161,28 +95,28 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._ds = None
         self._tok = None
         self._started = False
-        tok = POINTER(_Tokenizer)()
-        check(_tok_open(str(tokenizer).encode(), None if tokenizers_dir is None else
+        tok = POINTER(L.DataTokenizer)()
+        check(L.tio_data_tokenizer_open(str(tokenizer).encode(), None if tokenizers_dir is None else
                         str(tokenizers_dir).encode(), byref(tok)))
         self._tok = tok
         self.tokenizer = tok.contents.name.decode()
-        dopts = _DatasetOptions()
-        _ds_defaults(byref(dopts))
+        dopts = L.DatasetOptions()
+        L.tio_dataset_options_default(byref(dopts))
         dopts.tokenizer = tok
         dopts.tokenizer_threads = int(tokenizer_threads)
         self._text_field = text_field.encode()
         dopts.text_field = self._text_field
         dopts.jsonl_errors = 1 if skip_bad_lines else 0
         ds = c_void_p()
-        check(_ds_open(self.root.encode(), byref(dopts), byref(ds)))
+        check(L.tio_dataset_open(self.root.encode(), byref(dopts), byref(ds)))
         self._ds = ds
         self.subdatasets = []
-        for i in range(_ds_n(ds)):
-            info = _SubInfo()
-            check(_ds_info(ds, i, byref(info)))
+        for i in range(L.tio_dataset_n_subdatasets(ds)):
+            info = L.SubdatasetInfo()
+            check(L.tio_dataset_info(ds, i, byref(info)))
             self.subdatasets.append(info.name.decode())
-        o = _LoaderOptions()
-        _ld_defaults(byref(o))
+        o = L.LoaderOptions()
+        L.tio_loader_options_default(byref(o))
         o.seq_len, o.rank, o.world_size, o.seed = self.seq_len, self.rank, self.world_size, seed
         o.logical_shards, o.shuffle_buffer, o.eos_id, o.prefetch = (logical_shards, shuffle_buffer,
                                                                     eos_id, prefetch)
@@ -207,21 +141,21 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         ptrs = (c_void_p * max(1, len(bufs)))(*[ctypes.cast(b, c_void_p) for b in bufs])
         lens = (c_size_t * max(1, len(bufs)))(*[len(s) for s in states])
         ld = c_void_p()
-        check(_ld_create(self._ds, byref(self._opts), ptrs, lens, len(bufs), byref(ld)))
+        check(L.tio_loader_create(self._ds, byref(self._opts), ptrs, lens, len(bufs), byref(ld)))
         self._loader = ld
 
     def _destroy_loader(self):
         if self._loader:
-            _ld_destroy(self._loader)
+            L.tio_loader_destroy(self._loader)
             self._loader = None
 
     def close(self):
         self._destroy_loader()
         if getattr(self, "_ds", None):
-            _ds_destroy(self._ds)
+            L.tio_dataset_destroy(self._ds)
             self._ds = None
         if getattr(self, "_tok", None):
-            _tok_close(self._tok)
+            L.tio_data_tokenizer_close(self._tok)
             self._tok = None
 
     def __del__(self):
@@ -246,8 +180,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if self._loader is None:
             iter(self)
         self._started = True
-        sp = POINTER(_Sample)()
-        check(_ld_next(self._loader, byref(sp)))
+        sp = POINTER(L.DataSample)()
+        check(L.tio_loader_next(self._loader, byref(sp)))
         s = sp.contents
         n = s.seq_len
         toks = _copy_u32(s.tokens, n + 1).to(torch.int64)   # ids up to 2^32 - 1
@@ -267,7 +201,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if self._loader is None:
             self._create(self._states or [])
         buf, n = c_void_p(), c_size_t()
-        check(_ld_state(self._loader, byref(buf), byref(n)))
+        check(L.tio_loader_state(self._loader, byref(buf), byref(n)))
         return {"rank": self.rank, "world_size": self.world_size, "state": _take(buf, n)}
 
     def load_state_dict(self, state):
@@ -288,7 +222,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         Path(directory).mkdir(parents=True, exist_ok=True)
         if self._loader is None:
             self._create(self._states or [])
-        check(_ld_save(self._loader, str(state_file(directory, self.rank)).encode()))
+        check(L.tio_loader_save(self._loader, str(state_file(directory, self.rank)).encode()))
 
     def resume(self, directory):
         """Load the states saved by every rank of an earlier run into this rank."""
@@ -298,7 +232,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         raw = []
         for f in files:
             buf, n = c_void_p(), c_size_t()
-            check(_ld_read(str(f).encode(), byref(buf), byref(n)))
+            check(L.tio_loader_state_read(str(f).encode(), byref(buf), byref(n)))
             raw.append(_take(buf, n))
         self.load_state_dict(raw)
 
@@ -308,8 +242,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             self._create(self._states or [])
         out = {}
         for i, name in enumerate(self.subdatasets):
-            p = _Position()
-            check(_ld_position(self._loader, i, byref(p)))
+            p = L.DataPosition()
+            check(L.tio_loader_position(self._loader, i, byref(p)))
             out[name] = {"epoch": p.epoch, "docs_consumed": p.docs_consumed,
                          "docs_total": p.docs_total, "tokens_packed": p.tokens_packed}
         return out

@@ -5,7 +5,7 @@ Thin on purpose: loading, encoding and decoding all happen in C
 encodings and Hugging Face ``tokenizers``' for byte-level BPE
 ``tokenizer.json`` files (without the post-processor).
 
->>> tok = Tokenizer.encoding("cl100k_base", "/path/to/shared/tokenizers")
+>>> tok = Tokenizer.encoding("cl100k_base")
 >>> tok.encode("hello world")
 [15339, 1917]
 """
@@ -15,10 +15,11 @@ import ctypes
 import os
 import threading
 from array import array
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint, c_void_p
+from ctypes import c_char_p, c_size_t, c_uint32, c_void_p
 from typing import Iterable, Sequence
 
-from teraio._lib import check, lib
+from teraio import _lib as L
+from teraio._lib import check
 
 SPECIAL_TEXT = 0    #: special-token strings are ordinary text (tiktoken encode_ordinary)
 SPECIAL_ALLOW = 1   #: recognised as their ids (tiktoken allowed_special="all")
@@ -27,38 +28,10 @@ SPECIAL_REJECT = 2  #: raise if one occurs (tiktoken's default encode)
 _KEEP_IDS = 16 << 20  # a thread keeps an output buffer of up to 64 MiB of ids
 
 
-class _Special(ctypes.Structure):
-    _fields_ = [("text", c_char_p), ("id", c_uint32)]
-
-
-def _fn(name, restype, *argtypes):
-    f = getattr(lib, name)
-    f.restype = restype
-    f.argtypes = list(argtypes)
-    return f
-
-
-_load_tiktoken = _fn("tio_tok_load_tiktoken", c_int, POINTER(c_void_p), c_char_p, c_char_p,
-                     POINTER(_Special), c_size_t)
-_load_encoding = _fn("tio_tok_load_encoding", c_int, POINTER(c_void_p), c_char_p, c_char_p)
-_load_hf = _fn("tio_tok_load_hf", c_int, POINTER(c_void_p), c_char_p)
-_parse_hf = _fn("tio_tok_parse_hf", c_int, POINTER(c_void_p), c_char_p, c_size_t)
-_destroy = _fn("tio_tok_destroy", None, c_void_p)
-_vocab_size = _fn("tio_tok_vocab_size", c_uint32, c_void_p)
-_special_id = _fn("tio_tok_special_id", c_int, c_void_p, c_char_p)
-_encode = _fn("tio_tok_encode", c_int, c_void_p, c_char_p, c_size_t, c_int, POINTER(c_uint32),
-              c_size_t, POINTER(c_size_t))
-_encode_batch = _fn("tio_tok_encode_batch", c_int, c_void_p, POINTER(c_char_p), POINTER(c_size_t),
-                    c_size_t, c_int, c_uint, POINTER(c_uint32), c_size_t, POINTER(c_size_t))
-_decode = _fn("tio_tok_decode", c_int, c_void_p, POINTER(c_uint32), c_size_t, c_char_p, c_size_t,
-              POINTER(c_size_t))
-_encoding_name = _fn("tio_tok_encoding_name", c_char_p, c_size_t)
-
-
 def encoding_names() -> list[str]:
     """Names of the built-in encodings (r50k_base, p50k_base, ...)."""
     out, i = [], 0
-    while (name := _encoding_name(i)) is not None:
+    while (name := L.tio_tok_encoding_name(i)) is not None:
         out.append(name.decode())
         i += 1
     return out
@@ -83,11 +56,14 @@ class Tokenizer:
 
     @classmethod
     def encoding(cls, name: str, directory: str | os.PathLike | None = None) -> "Tokenizer":
-        """Built-in encoding ``name``; its rank file is looked for in
-        ``directory``, then in $TERAIO_TOKENIZERS_DIR."""
+        """Built-in encoding ``name``.  Its rank file is looked for in
+        ``directory``, then $TERAIO_TOKENIZERS_DIR, then tiktoken's download
+        cache, then the copy shipped with teraio (``teraio/tokenizers``), and
+        checked against the encoding's SHA-256 (TeraioError naming the file on
+        a mismatch)."""
         h = c_void_p()
         d = os.fsencode(directory) if directory is not None else None
-        check(_load_encoding(ctypes.byref(h), name.encode(), d))
+        check(L.tio_tok_load_encoding(ctypes.byref(h), name.encode(), d))
         return cls(h)
 
     @classmethod
@@ -95,16 +71,16 @@ class Tokenizer:
                  special_tokens: dict[str, int] | None = None) -> "Tokenizer":
         """A tiktoken rank file with the given split regex and special tokens."""
         specials = list((special_tokens or {}).items())
-        arr = (_Special * max(1, len(specials)))(*[_Special(t.encode(), i) for t, i in specials])
+        arr = (L.TokSpecial * max(1, len(specials)))(*[L.TokSpecial(t.encode(), i) for t, i in specials])
         h = c_void_p()
-        check(_load_tiktoken(ctypes.byref(h), os.fsencode(path), pat_str.encode(), arr, len(specials)))
+        check(L.tio_tok_load_tiktoken(ctypes.byref(h), os.fsencode(path), pat_str.encode(), arr, len(specials)))
         return cls(h)
 
     @classmethod
     def huggingface(cls, path: str | os.PathLike) -> "Tokenizer":
         """A Hugging Face tokenizer.json (byte-level BPE)."""
         h = c_void_p()
-        check(_load_hf(ctypes.byref(h), os.fsencode(path)))
+        check(L.tio_tok_load_hf(ctypes.byref(h), os.fsencode(path)))
         return cls(h)
 
     @classmethod
@@ -112,12 +88,12 @@ class Tokenizer:
         """A Hugging Face tokenizer.json given as its text."""
         data = _as_bytes(text)
         h = c_void_p()
-        check(_parse_hf(ctypes.byref(h), data, len(data)))
+        check(L.tio_tok_parse_hf(ctypes.byref(h), data, len(data)))
         return cls(h)
 
     def close(self) -> None:
         if self._h:
-            _destroy(self._h)
+            L.tio_tok_destroy(self._h)
             self._h = None
 
     def __del__(self):
@@ -131,10 +107,10 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return _vocab_size(self._h)
+        return L.tio_tok_vocab_size(self._h)
 
     def special_id(self, text: str) -> int:
-        return check(_special_id(self._h, text.encode()))
+        return check(L.tio_tok_special_id(self._h, text.encode()))
 
     def _buffer(self, cap: int):
         """This thread's output buffer of at least cap ids (reused: encode is
@@ -155,7 +131,7 @@ class Tokenizer:
         cap = max(1, len(data))
         out, view = self._buffer(cap)
         n = c_size_t()
-        check(_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
+        check(L.tio_tok_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
         return view[:n.value].tolist()
 
     def _encode_batch(self, texts: Sequence[str | bytes], special: int, threads: int):
@@ -177,7 +153,7 @@ class Tokenizer:
             out = (c_uint32 * cap)()
             view = memoryview(out).cast("B").cast("I")
         offs = (c_size_t * (n + 1))()
-        check(_encode_batch(self._h, ptrs, lens, n, special, threads, out, cap, offs))
+        check(L.tio_tok_encode_batch(self._h, ptrs, lens, n, special, threads, out, cap, offs))
         return view, memoryview(offs).cast("B").cast("N")
 
     def encode_batch(self, texts: Sequence[str | bytes], special: int = SPECIAL_TEXT,
@@ -204,11 +180,11 @@ class Tokenizer:
         ids = list(ids)
         arr = (c_uint32 * max(1, len(ids)))(*ids)
         need = c_size_t()
-        rc = _decode(self._h, arr, len(ids), None, 0, ctypes.byref(need))
+        rc = L.tio_tok_decode(self._h, arr, len(ids), None, 0, ctypes.byref(need))
         if rc < 0 and need.value == 0 and ids:
             check(rc)
         buf = ctypes.create_string_buffer(max(1, need.value))
-        check(_decode(self._h, arr, len(ids), buf, need.value, ctypes.byref(need)))
+        check(L.tio_tok_decode(self._h, arr, len(ids), buf, need.value, ctypes.byref(need)))
         return buf.raw[:need.value]
 
     def decode(self, ids: Iterable[int], errors: str = "replace") -> str:

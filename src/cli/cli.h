@@ -43,10 +43,6 @@ bool cli_parse_bytes(const char *s, uint64_t *out);
  * of cli_parse_bytes). */
 bool cli_parse_positive(const char *s, double *out);
 
-/* <repo>/../shared/tokenizers, found from this binary's path
- * (<repo>/<build>/bin/teraio), into out[len]; false if it is not a folder. */
-bool cli_shared_tokenizers_dir(char *out, size_t len);
-
 /* Byte counts are printed with tio_format_bytes (common/util.h). */
 
 #endif

@@ -534,12 +534,6 @@ static int cmd_ingest(int argc, char **argv)
     struct stat st;
     if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode))
         return cli_error(CMD, "%s: not a folder", out);
-    /* as `teraio tokenize`: without --tokenizers-dir or $TERAIO_TOKENIZERS_DIR,
-     * the rank files beside the source tree */
-    char shared[PATH_MAX + 32];
-    if (!tokdir && !getenv("TERAIO_TOKENIZERS_DIR") &&
-        cli_shared_tokenizers_dir(shared, sizeof shared))
-        tokdir = shared;
     tio_data_tokenizer *tok;
     int rc = tio_data_tokenizer_open(spec, tokdir, &tok);
     if (rc)

@@ -8,9 +8,9 @@
  * the file repeatedly for about a second and prints single-thread MB/s
  * (1e6 bytes per second).  FILE "-" is standard input.
  *
- * Where the rank files of --encoding are looked for, in order: --dir DIR;
- * $TERAIO_TOKENIZERS_DIR; <repo>/../shared/tokenizers, found from this
- * binary's own path (/proc/self/exe is <repo>/<build>/bin/teraio).
+ * The rank files of --encoding are found by the library
+ * (tio_tok_encoding_path): --dir DIR, $TERAIO_TOKENIZERS_DIR, tiktoken's
+ * cache, then the copy shipped with teraio.
  */
 #include <errno.h>
 #include <limits.h>
@@ -38,8 +38,8 @@ static void usage(FILE *f)
             "Hugging Face tokenizers (a byte-level BPE tokenizer.json).\n"
             "\n"
             "  --encoding NAME   built-in encoding; its NAME.tiktoken rank file is looked\n"
-            "                    for in --dir, then $TERAIO_TOKENIZERS_DIR, then\n"
-            "                    ../shared/tokenizers beside the source tree of this binary\n"
+            "                    for in --dir, then $TERAIO_TOKENIZERS_DIR, then tiktoken's\n"
+            "                    cache, then the copy shipped with teraio (SHA-256 checked)\n"
             "  --file PATH       a Hugging Face tokenizer.json instead\n"
             "  --dir DIR         directory holding the .tiktoken rank files\n"
             "  --ids             print the ids, separated by spaces\n"
@@ -91,24 +91,7 @@ static int read_input(const char *path, char **data, size_t *len)
 /* Load the tokenizer; on failure prints one line and returns 1. */
 static int open_tokenizer(const char *encoding, const char *file, const char *dir, tio_tok **tok)
 {
-    if (file) {
-        int rc = tio_tok_load_hf(tok, file);
-        return rc ? cli_lib_error(CMD, rc) : 0;
-    }
-    bool known = false;
-    for (size_t i = 0; tio_tok_encoding_name(i); i++)
-        known |= !strcmp(tio_tok_encoding_name(i), encoding);
-    int rc = tio_tok_load_encoding(tok, encoding, dir);
-    if (rc != -ENOENT || !known)
-        return rc ? cli_lib_error(CMD, rc) : 0;
-    char first[512];
-    snprintf(first, sizeof first, "%s", tio_last_error());
-    char shared[PATH_MAX + 32], path[PATH_MAX + 64];
-    if (!cli_shared_tokenizers_dir(shared, sizeof shared))
-        return cli_error(CMD, "%s", first);
-    if (tio_tok_encoding_path(encoding, shared, path, sizeof path) != 0)
-        return cli_error(CMD, "%s; not in %s either", first, shared);
-    rc = tio_tok_load_encoding(tok, encoding, shared);
+    int rc = file ? tio_tok_load_hf(tok, file) : tio_tok_load_encoding(tok, encoding, dir);
     return rc ? cli_lib_error(CMD, rc) : 0;
 }
 

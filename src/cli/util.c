@@ -122,17 +122,3 @@ bool cli_parse_positive(const char *s, double *out)
     *out = v;
     return true;
 }
-
-bool cli_shared_tokenizers_dir(char *out, size_t len)
-{
-    /* <repo>/<build>/bin/teraio -> <repo>/../shared/tokenizers */
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
-    if (!slash)
-        return false;
-    *slash = '\0';
-    struct stat st;
-    return snprintf(out, len, "%s/../../../shared/tokenizers", exe) < (int)len &&
-           stat(out, &st) == 0 && S_ISDIR(st.st_mode);
-}

@@ -70,6 +70,8 @@ void tio_log(int level, const char *fmt, ...)
     log_fn(log_ctx, level, msg);
 }
 
+void tio_free(void *p) { free(p); }
+
 const char *tio_version(void) { return TIO_VERSION_STRING; }
 
 #if TIO_HAVE_PCRE2

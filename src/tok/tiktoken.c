@@ -8,12 +8,20 @@
  * what tiktoken would silently overwrite (a repeated token or rank) or
  * mis-decode (characters outside the base64 alphabet).
  *
- * The built-in table holds the split regex (pat_str), special tokens and
- * rank count that tiktoken 0.x ships for each OpenAI encoding (copied from
- * ../shared/tokenizers/encodings.json); the rank files themselves are read
- * from disk.
+ * The built-in table holds the split regex (pat_str), special tokens, rank
+ * count and rank-file SHA-256 that tiktoken 0.x ships for each OpenAI
+ * encoding (python/teraio/tokenizers/encodings.json; the hashes are
+ * tiktoken's `expected_hash`).  The rank files themselves are read from
+ * disk: a directory the caller names, $TERAIO_TOKENIZERS_DIR, tiktoken's own
+ * download cache, or the copy shipped with teraio (python/teraio/tokenizers,
+ * installed as <package>/tokenizers beside <package>/_lib and <package>/_bin).
+ * Whichever is found is checked against its SHA-256 before it is parsed, so
+ * every place gives the same ids or an error, never a different vocabulary.
  */
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -34,16 +42,24 @@ static const tio_tok_special o200k_specials[] = {{"<|endoftext|>", 199999},
 #define GPT2_PATTERN \
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 
+/* sha256: of the rank file, as tiktoken_ext/openai_public.py expects it.
+ * cache_key: the name tiktoken gives the file in its download cache, the
+ * SHA-1 of its URL https://openaipublic.blob.core.windows.net/encodings/<name>.tiktoken */
 static const struct {
     const char *name;
     uint32_t n_ranks;
+    const char *sha256;
+    const char *cache_key;
     const char *pat_str;
     const tio_tok_special *specials;
     size_t n_specials;
 } encodings[] = {
-    {"r50k_base", 50256, GPT2_PATTERN, r50k_specials, 1},
-    {"p50k_base", 50280, GPT2_PATTERN, r50k_specials, 1},
-    {"cl100k_base", 100256,
+    {"r50k_base", 50256, "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+     "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4", GPT2_PATTERN, r50k_specials, 1},
+    {"p50k_base", 50280, "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
+     "ec7223a39ce59f226a68acc30dc1af2788490e15", GPT2_PATTERN, r50k_specials, 1},
+    {"cl100k_base", 100256, "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+     "9b5ad71b2ce5302211f9c61530b329a4922fc6a4",
      "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
      "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
      "|\\p{N}{1,3}"
@@ -52,7 +68,8 @@ static const struct {
      "|\\s+(?!\\S)"
      "|\\s+",
      cl100k_specials, 5},
-    {"o200k_base", 199998,
+    {"o200k_base", 199998, "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+     "fb374d419588a4632f3f557e76b4b70aebbca790",
      "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
      "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
      "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
@@ -299,20 +316,25 @@ int tio_tok_parse_tiktoken(tio_tok **out, const void *data, size_t len, const ch
     return 0;
 }
 
-int tio_tok_load_tiktoken(tio_tok **out, const char *path, const char *pat_str,
-                          const tio_tok_special *specials, size_t n_specials)
+static int sha256_hex(const void *data, size_t len, char hex[65]);
+
+/* Read and build the rank file at `path`; when `sha256` is not NULL the
+ * file must have that digest (encoding `name`'s). */
+static int load_rank_file(tio_tok **out, const char *path, const char *name, const char *sha256,
+                          const char *pat_str, const tio_tok_special *specials, size_t n_specials)
 {
-    if (!out || !path)
-        return tio_fail(-EINVAL, "tio_tok_load_tiktoken: NULL argument");
     *out = NULL;
     char *text;
     size_t len;
     int rc = tio_read_file(path, &text, &len);
     if (rc)
         return rc;
-    tio_tok *tok;
-    rc = tok_new(&tok);
-    if (rc == 0)
+    char hex[65];
+    if (sha256 && (rc = sha256_hex(text, len, hex)) == 0 && strcmp(hex, sha256) != 0)
+        rc = tio_fail(TIO_ECORRUPT, "%s: sha256 %s, but encoding %s's rank file has sha256 %s "
+                      "(a changed or damaged file)", path, hex, name, sha256);
+    tio_tok *tok = NULL;
+    if (rc == 0 && (rc = tok_new(&tok)) == 0)
         rc = build_tiktoken(tok, (const uint8_t *)text, len, path, pat_str, specials, n_specials);
     free(text);
     if (rc) {
@@ -321,6 +343,14 @@ int tio_tok_load_tiktoken(tio_tok **out, const char *path, const char *pat_str,
     }
     *out = tok;
     return 0;
+}
+
+int tio_tok_load_tiktoken(tio_tok **out, const char *path, const char *pat_str,
+                          const tio_tok_special *specials, size_t n_specials)
+{
+    if (!out || !path)
+        return tio_fail(-EINVAL, "tio_tok_load_tiktoken: NULL argument");
+    return load_rank_file(out, path, NULL, NULL, pat_str, specials, n_specials);
 }
 
 /* ---- finding and loading built-in encodings ----------------------------- */
@@ -333,33 +363,110 @@ static int find_encoding(const char *name)
     return -1;
 }
 
+/* Directory of the copy shipped with teraio: "tokenizers" beside the folder
+ * of the binary holding this code (<package>/_lib/libteraio.so or
+ * <package>/_bin/teraio of a wheel; build/lib or build/bin of a source
+ * build, where CMake links build/tokenizers to python/teraio/tokenizers). */
+static bool shipped_dir(char *out, size_t cap)
+{
+    char bin[PATH_MAX];
+    Dl_info info;
+    bool found = false;
+    if (dladdr((void *)shipped_dir, &info) && info.dli_fname && strchr(info.dli_fname, '/'))
+        found = realpath(info.dli_fname, bin) != NULL;
+    if (!found) { /* statically linked into a program started through $PATH */
+        ssize_t n = readlink("/proc/self/exe", bin, sizeof bin - 1);
+        if (n <= 0)
+            return false;
+        bin[n] = '\0';
+    }
+    char *slash = strrchr(bin, '/');
+    if (!slash)
+        return false;
+    *slash = '\0';
+    int n = snprintf(out, cap, "%s/../tokenizers", bin);
+    return n > 0 && (size_t)n < cap;
+}
+
+/* tiktoken's download cache, as tiktoken.load.read_file_cached finds it:
+ * $TIKTOKEN_CACHE_DIR, else $DATA_GYM_CACHE_DIR, else <tmp>/data-gym-cache
+ * with <tmp> as Python's tempfile.gettempdir() (TMPDIR, TEMP, TMP, /tmp).
+ * An empty setting turns the cache off, as in tiktoken. */
+static bool tiktoken_cache_dir(char *out, size_t cap)
+{
+    const char *dir = getenv("TIKTOKEN_CACHE_DIR");
+    if (!dir)
+        dir = getenv("DATA_GYM_CACHE_DIR");
+    if (dir) {
+        int n = snprintf(out, cap, "%s", dir);
+        return *dir && n > 0 && (size_t)n < cap;
+    }
+    const char *tmp = NULL;
+    static const char *const vars[] = {"TMPDIR", "TEMP", "TMP"};
+    for (size_t i = 0; i < 3 && !tmp; i++)
+        if (getenv(vars[i]) && *getenv(vars[i]))
+            tmp = getenv(vars[i]);
+    int n = snprintf(out, cap, "%s/data-gym-cache", tmp ? tmp : "/tmp");
+    return n > 0 && (size_t)n < cap;
+}
+
+enum { N_PLACES = 4 };
+
+/* The places a built-in encoding's rank file is looked for, in order; a
+ * place that does not apply is "".  file[i] is the file name in dirs[i]. */
+static void encoding_places(int e, const char *dir, char dirs[N_PLACES][PATH_MAX],
+                            const char *file[N_PLACES], char *own_name, size_t own_cap)
+{
+    const char *env = getenv("TERAIO_TOKENIZERS_DIR");
+    snprintf(own_name, own_cap, "%s.tiktoken", encodings[e].name);
+    snprintf(dirs[0], PATH_MAX, "%s", dir ? dir : "");
+    snprintf(dirs[1], PATH_MAX, "%s", env ? env : "");
+    if (!tiktoken_cache_dir(dirs[2], PATH_MAX))
+        dirs[2][0] = '\0';
+    if (!shipped_dir(dirs[3], PATH_MAX))
+        dirs[3][0] = '\0';
+    for (int i = 0; i < N_PLACES; i++)
+        file[i] = i == 2 ? encodings[e].cache_key : own_name;
+}
+
 int tio_tok_encoding_path(const char *name, const char *dir, char *path, size_t cap)
 {
     if (!name || !path)
         return tio_fail(-EINVAL, "tio_tok_encoding_path: NULL argument");
-    if (find_encoding(name) < 0)
+    int e = find_encoding(name);
+    if (e < 0)
         return tio_fail(-ENOENT, "unknown encoding '%s' (known: r50k_base, p50k_base, cl100k_base, o200k_base)",
                         name);
-    const char *env = getenv("TERAIO_TOKENIZERS_DIR");
-    const char *dirs[2] = {dir, env && *env ? env : NULL};
-    char tried[512] = "";
-    for (int i = 0; i < 2; i++) {
-        if (!dirs[i])
+    char dirs[N_PLACES][PATH_MAX], own[64];
+    const char *file[N_PLACES];
+    encoding_places(e, dir, dirs, file, own, sizeof own);
+    char tried[1024] = "";
+    for (int i = 0; i < N_PLACES; i++) {
+        if (!dirs[i][0])
             continue;
-        int n = snprintf(path, cap, "%s/%s.tiktoken", dirs[i], name);
+        int n = snprintf(path, cap, "%s/%s", dirs[i], file[i]);
         if (n < 0 || (size_t)n >= cap)
             return tio_fail(-ENAMETOOLONG, "path of encoding '%s' in '%s' is too long", name, dirs[i]);
         if (access(path, R_OK) == 0)
             return 0;
         size_t t = strlen(tried);
-        snprintf(tried + t, sizeof tried - t, "%s%s", t ? ", " : "", dirs[i]);
+        snprintf(tried + t, sizeof tried - t, "%s%s", t ? ", " : "", path);
     }
     if (cap)
         path[0] = '\0';
-    if (!tried[0])
-        return tio_fail(-ENOENT, "encoding '%s': no directory given and TERAIO_TOKENIZERS_DIR is not set",
-                        name);
-    return tio_fail(-ENOENT, "encoding '%s': no readable %s.tiktoken in %s", name, name, tried);
+    return tio_fail(-ENOENT, "encoding '%s': no readable rank file (looked for %s)", name, tried);
+}
+
+/* SHA-256 of data[0..len) as 64 lowercase hex digits in hex[65]. */
+static int sha256_hex(const void *data, size_t len, char hex[65])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int md_len = 0;
+    if (!EVP_Digest(data, len, md, &md_len, EVP_sha256(), NULL) || md_len != 32)
+        return tio_fail(-EIO, "SHA-256: OpenSSL's digest failed");
+    for (unsigned i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return 0;
 }
 
 int tio_tok_load_encoding(tio_tok **out, const char *name, const char *dir)
@@ -367,14 +474,14 @@ int tio_tok_load_encoding(tio_tok **out, const char *name, const char *dir)
     if (!out || !name)
         return tio_fail(-EINVAL, "tio_tok_load_encoding: NULL argument");
     *out = NULL;
-    char path[4096];
+    char path[PATH_MAX + 64];
     int rc = tio_tok_encoding_path(name, dir, path, sizeof path);
     if (rc)
         return rc;
     int e = find_encoding(name);
     tio_tok *tok;
-    rc = tio_tok_load_tiktoken(&tok, path, encodings[e].pat_str, encodings[e].specials,
-                               encodings[e].n_specials);
+    rc = load_rank_file(&tok, path, name, encodings[e].sha256, encodings[e].pat_str,
+                        encodings[e].specials, encodings[e].n_specials);
     if (rc)
         return rc;
     uint32_t n_ranks = 0;

@@ -1,8 +1,8 @@
 /*
  * tests/c/test_tok.c — the byte-level BPE tokenizer against ids a reader can
- * check: the known "hello world" vectors of the OpenAI encodings (rank files
- * from $TIO_SOURCE_DIR/../shared/tokenizers; those tests skip when absent),
- * and a toy vocabulary worked out by hand:
+ * check: the known "hello world" vectors of the OpenAI encodings (the rank
+ * files shipped in python/teraio/tokenizers), where the rank files are found
+ * and their SHA-256 check, and a toy vocabulary worked out by hand:
  *
  *   ranks 0..255: the single bytes (rank = byte value)
  *   256 "ab", 257 "bc", 258 "abc", 259 "  " (two spaces)
@@ -21,22 +21,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "teraio/tok.h"
 
-static char shared_dir[4096];
-
-static bool have_shared(void)
+/* The rank files shipped with teraio, in the source tree. */
+static const char *shipped_dir(void)
 {
+    static char dir[4096];
     const char *src = getenv("TIO_SOURCE_DIR");
-    if (!src)
-        return false;
-    snprintf(shared_dir, sizeof shared_dir, "%s/../shared/tokenizers", src);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/cl100k_base.tiktoken", shared_dir);
-    return access(path, R_OK) == 0;
+    assert_non_null(src); /* set by CTest */
+    snprintf(dir, sizeof dir, "%s/python/teraio/tokenizers", src);
+    return dir;
+}
+
+/* Only the shipped copy: no caller directory, no variable, no tiktoken cache. */
+static void lookup_env_clear(void)
+{
+    unsetenv("TERAIO_TOKENIZERS_DIR");
+    unsetenv("DATA_GYM_CACHE_DIR");
+    setenv("TIKTOKEN_CACHE_DIR", "", 1);
 }
 
 /* The toy rank file above, base64 per line. */
@@ -310,8 +316,7 @@ static void test_hf_errors(void **state)
 
 static void test_known_vectors(void **state)
 {
-    if (!have_shared())
-        skip();
+    lookup_env_clear();
     static const struct {
         const char *name;
         uint32_t ids[2];
@@ -323,7 +328,7 @@ static void test_known_vectors(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         tio_tok *tok;
-        int rc = tio_tok_load_encoding(&tok, cases[i].name, shared_dir);
+        int rc = tio_tok_load_encoding(&tok, cases[i].name, NULL);
         if (rc)
             fail_msg("%s: %s", cases[i].name, tio_last_error());
         uint32_t ids[16];
@@ -334,10 +339,8 @@ static void test_known_vectors(void **state)
 
 static void test_cl100k_details(void **state)
 {
-    if (!have_shared())
-        skip();
     tio_tok *tok;
-    assert_int_equal(tio_tok_load_encoding(&tok, "cl100k_base", shared_dir), 0);
+    assert_int_equal(tio_tok_load_encoding(&tok, "cl100k_base", shipped_dir()), 0);
     uint32_t ids[256];
     /* specials: allowed -> their ids; as text -> BPE of '<', '|', ... */
     const char *s = "<|endoftext|>";
@@ -354,24 +357,134 @@ static void test_cl100k_details(void **state)
     tio_tok_destroy(tok);
 }
 
-static void test_encoding_path(void **state)
+/* Scratch folders under $TIO_TEST_TMPDIR, made empty; removed by
+ * scratch_remove(). */
+static char scratch_dirs[4][4096];
+static int n_scratch;
+
+static const char *scratch(const char *name)
 {
-    char path[64];
+    const char *base = getenv("TIO_TEST_TMPDIR");
+    assert_true(n_scratch < 4);
+    char *d = scratch_dirs[n_scratch++];
+    snprintf(d, sizeof scratch_dirs[0], "%s/tok-%s-%d", base ? base : "/tmp", name, (int)getpid());
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", d, d);
+    assert_int_equal(system(cmd), 0);
+    return d;
+}
+
+static void scratch_remove(void)
+{
+    for (; n_scratch > 0; n_scratch--) {
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch_dirs[n_scratch - 1]);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
+/* Copy the shipped rank file of `encoding` to dir/name; with flip_at >= 0,
+ * the byte there is changed. */
+static void put_rank_file(const char *encoding, const char *dir, const char *name, long flip_at)
+{
+    char src[4200], dst[4200];
+    snprintf(src, sizeof src, "%s/%s.tiktoken", shipped_dir(), encoding);
+    snprintf(dst, sizeof dst, "%s/%s", dir, name);
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    int c;
+    for (long at = 0; (c = fgetc(in)) != EOF; at++)
+        fputc(at == flip_at ? (c == 'A' ? 'B' : 'A') : c, out);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+}
+
+static void expect_path(const char *dir, const char *want_dir, const char *want_file)
+{
+    char path[4200], want[4300];
+    assert_int_equal(tio_tok_encoding_path("cl100k_base", dir, path, sizeof path), 0);
+    snprintf(want, sizeof want, "%s/%s", want_dir, want_file);
+    assert_string_equal(path, want);
+}
+
+#define CL100K_CACHE_KEY "9b5ad71b2ce5302211f9c61530b329a4922fc6a4" /* sha1 of its URL */
+
+/* Look-up order: the directory given, $TERAIO_TOKENIZERS_DIR, tiktoken's
+ * cache ($TIKTOKEN_CACHE_DIR, $DATA_GYM_CACHE_DIR, $TMPDIR/data-gym-cache),
+ * then the shipped copy (build/tokenizers beside this test's build/bin). */
+static void test_encoding_path_order(void **state)
+{
+    char path[4200];
     assert_int_equal(tio_tok_encoding_path("nope", "/tmp", path, sizeof path), -ENOENT);
     assert_non_null(strstr(tio_last_error(), "unknown encoding"));
-    unsetenv("TERAIO_TOKENIZERS_DIR");
-    assert_int_equal(tio_tok_encoding_path("cl100k_base", NULL, path, sizeof path), -ENOENT);
-    assert_int_equal(tio_tok_encoding_path("cl100k_base", "/nonexistent", path, sizeof path), -ENOENT);
-    assert_non_null(strstr(tio_last_error(), "/nonexistent"));
     char tiny[8];
     assert_int_equal(tio_tok_encoding_path("cl100k_base", "/nonexistent", tiny, sizeof tiny), -ENAMETOOLONG);
-    if (!have_shared())
-        return;
-    setenv("TERAIO_TOKENIZERS_DIR", shared_dir, 1);
-    char full[4200];
-    assert_int_equal(tio_tok_encoding_path("o200k_base", "/nonexistent", full, sizeof full), 0);
-    assert_non_null(strstr(full, "o200k_base.tiktoken"));
+
+    lookup_env_clear();
+    assert_int_equal(tio_tok_encoding_path("cl100k_base", "/nonexistent", path, sizeof path), 0);
+    const char *tail = "/tokenizers/cl100k_base.tiktoken";
+    assert_true(strlen(path) > strlen(tail));
+    assert_string_equal(path + strlen(path) - strlen(tail), tail);
+
+    const char *given = scratch("given"), *env = scratch("env"), *cache = scratch("cache"),
+               *tmp = scratch("tmp");
+    put_rank_file("cl100k_base", given, "cl100k_base.tiktoken", -1);
+    put_rank_file("cl100k_base", env, "cl100k_base.tiktoken", -1);
+    put_rank_file("cl100k_base", cache, CL100K_CACHE_KEY, -1);
+    char gym[4200];
+    snprintf(gym, sizeof gym, "%s/data-gym-cache", tmp);
+    assert_int_equal(mkdir(gym, 0700), 0);
+    put_rank_file("cl100k_base", gym, CL100K_CACHE_KEY, -1);
+
+    setenv("TERAIO_TOKENIZERS_DIR", env, 1);
+    setenv("TIKTOKEN_CACHE_DIR", cache, 1);
+    expect_path(given, given, "cl100k_base.tiktoken");
+    expect_path(NULL, env, "cl100k_base.tiktoken");
+    expect_path("/nonexistent", env, "cl100k_base.tiktoken");
     unsetenv("TERAIO_TOKENIZERS_DIR");
+    expect_path(NULL, cache, CL100K_CACHE_KEY);
+    unsetenv("TIKTOKEN_CACHE_DIR");
+    setenv("DATA_GYM_CACHE_DIR", cache, 1);
+    expect_path(NULL, cache, CL100K_CACHE_KEY);
+    unsetenv("DATA_GYM_CACHE_DIR");
+    char *old_tmp = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
+    setenv("TMPDIR", tmp, 1);
+    expect_path(NULL, gym, CL100K_CACHE_KEY);
+    tio_tok *tok;
+    assert_int_equal(tio_tok_load_encoding(&tok, "cl100k_base", NULL), 0); /* from tiktoken's cache */
+    tio_tok_destroy(tok);
+    if (old_tmp)
+        setenv("TMPDIR", old_tmp, 1);
+    else
+        unsetenv("TMPDIR");
+    free(old_tmp);
+    lookup_env_clear();
+    scratch_remove();
+}
+
+/* A rank file with one byte changed is refused wherever it is found, naming
+ * the file and both digests; a rank file of another encoding under this
+ * encoding's name too. */
+static void test_encoding_sha256_mismatch(void **state)
+{
+    lookup_env_clear();
+    const char *dir = scratch("flip");
+    put_rank_file("cl100k_base", dir, "cl100k_base.tiktoken", 1000);
+    tio_tok *tok = (tio_tok *)1;
+    assert_int_equal(tio_tok_load_encoding(&tok, "cl100k_base", dir), TIO_ECORRUPT);
+    assert_null(tok);
+    char want[4200];
+    snprintf(want, sizeof want, "%s/cl100k_base.tiktoken: sha256 ", dir);
+    assert_non_null(strstr(tio_last_error(), want));
+    assert_non_null(strstr(tio_last_error(),
+                           "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"));
+    setenv("TIKTOKEN_CACHE_DIR", dir, 1);
+    put_rank_file("r50k_base", dir, CL100K_CACHE_KEY, -1);
+    assert_int_equal(tio_tok_load_encoding(&tok, "cl100k_base", NULL), TIO_ECORRUPT);
+    assert_non_null(strstr(tio_last_error(), CL100K_CACHE_KEY ": sha256 "));
+    lookup_env_clear();
+    scratch_remove();
 }
 
 int main(void)
@@ -386,7 +499,8 @@ int main(void)
         cmocka_unit_test(test_hf_errors),
         cmocka_unit_test(test_known_vectors),
         cmocka_unit_test(test_cl100k_details),
-        cmocka_unit_test(test_encoding_path),
+        cmocka_unit_test(test_encoding_path_order),
+        cmocka_unit_test(test_encoding_sha256_mismatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -291,15 +291,21 @@ expect_one_line_error "tokenize: --file not byte-level BPE" "$teraio" tokenize -
 expect_one_line_error "tokenize: --file truncated JSON" "$teraio" tokenize --file "$work/truncated.json" "$work/hello.txt"
 expect_one_line_error "tokenize: --file missing" "$teraio" tokenize --file "$work/none.json" "$work/hello.txt"
 expect_status "tokenize --help" 0 "$teraio" tokenize --help
-shared_tok="$(dirname "$teraio")/../../../shared/tokenizers"
-if [ -r "$shared_tok/cl100k_base.tiktoken" ] || [ -n "${TERAIO_TOKENIZERS_DIR:-}" ]; then
-  expect_one_line_error "tokenize: missing input" "$teraio" tokenize --encoding cl100k_base "$work/none.txt"
-  expect_one_line_error "tokenize: --decode of a non-number" "$teraio" tokenize --encoding cl100k_base --decode "$work/bad-ids.txt"
-  expect_one_line_error "tokenize: --decode of an unknown id" "$teraio" tokenize --encoding cl100k_base --decode "$work/big-id.txt"
-  expect_status "tokenize --ids" 0 "$teraio" tokenize --encoding cl100k_base --ids "$work/hello.txt"
-  ids=$("$teraio" tokenize --encoding cl100k_base --ids "$work/hello.txt")
-  if [ "$ids" = "15339 1917 198" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tokenize --ids: got '$ids'" >&2; fi
-fi
+# the rank files shipped with teraio, found from / with nothing set
+expect_one_line_error "tokenize: missing input" "$teraio" tokenize --encoding cl100k_base "$work/none.txt"
+expect_one_line_error "tokenize: --decode of a non-number" "$teraio" tokenize --encoding cl100k_base --decode "$work/bad-ids.txt"
+expect_one_line_error "tokenize: --decode of an unknown id" "$teraio" tokenize --encoding cl100k_base --decode "$work/big-id.txt"
+expect_status "tokenize --ids" 0 "$teraio" tokenize --encoding cl100k_base --ids "$work/hello.txt"
+ids=$(cd / && env -u TERAIO_TOKENIZERS_DIR TIKTOKEN_CACHE_DIR= "$teraio" tokenize --encoding o200k_base --ids "$work/hello.txt")
+if [ "$ids" = "24912 2375 198" ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: tokenize --ids from /: got '$ids'" >&2; fi
+mkdir -p "$work/flipped-ranks"
+sed '1000s/^./~/' "$(dirname "$teraio")/../tokenizers/cl100k_base.tiktoken" >"$work/flipped-ranks/cl100k_base.tiktoken"
+expect_one_line_error "tokenize: a rank file with one byte changed" "$teraio" tokenize --encoding cl100k_base --dir "$work/flipped-ranks" "$work/hello.txt"
+msg=$("$teraio" tokenize --encoding cl100k_base --dir "$work/flipped-ranks" "$work/hello.txt" 2>&1 || true)
+case "$msg" in
+  *"flipped-ranks/cl100k_base.tiktoken: sha256 "*) passed=$((passed + 1)) ;;
+  *) failed=$((failed + 1)); echo "FAIL: tokenize: sha256 mismatch message: $msg" >&2 ;;
+esac
 
 # --- teraio eval ---------------------------------------------------------------
 printf 'name = broken\ncapacity_bytes = lots\n' >"$work/garbled.conf"

@@ -49,3 +49,35 @@ def ssd_dir(tmp_path):
 def pytest_configure(config):
     torch.set_num_threads(1)
     os.environ.setdefault("TERAIO_TEST", "1")
+
+
+# ---- skip policy -------------------------------------------------------------
+# `make test` skips nothing this machine can run.  The only skips allowed are
+# tests that need a GPU (no device here) and opt-in runs that a variable turns
+# on; their reasons start with one of these prefixes.  Any other skip fails
+# the run, and the summary names the test and its reason.
+ALLOWED_SKIP_PREFIXES = ("needs a CUDA device", "needs a GPU", "opt-in:")
+_forbidden_skips = []
+
+
+def pytest_runtest_logreport(report):
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if not reason.startswith(ALLOWED_SKIP_PREFIXES):
+        _forbidden_skips.append((report.nodeid, reason))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _forbidden_skips:
+        terminalreporter.section("skips that are not allowed", sep="=", red=True)
+        for nodeid, reason in _forbidden_skips:
+            terminalreporter.line(f"{nodeid}: {reason}")
+        terminalreporter.line("only GPU tests and opt-in runs may skip "
+                              f"(reasons starting with {', '.join(ALLOWED_SKIP_PREFIXES)})")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _forbidden_skips and session.exitstatus == 0:
+        session.exitstatus = 1

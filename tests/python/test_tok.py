@@ -1,5 +1,5 @@
 """teraio's tokenizer against the references: PyPI tiktoken (built offline from
-the rank files in ../shared/tokenizers) and Hugging Face tokenizers.
+the rank files shipped in python/teraio/tokenizers) and Hugging Face tokenizers.
 
 Default run (make test): a deterministic ~5 MB sample of real text per
 encoding, the stress strings, every code point of the Basic Multilingual
@@ -23,31 +23,30 @@ tiktoken = pytest.importorskip("tiktoken")
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
 import tiktoken.load  # noqa: E402
 
+import teraio  # noqa: E402
 from teraio._lib import TeraioError  # noqa: E402
 from teraio.tok import SPECIAL_ALLOW, SPECIAL_REJECT, SPECIAL_TEXT, Tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("TERAIO_TOKENIZERS_DIR") or REPO.parent / "shared" / "tokenizers")
+SHIPPED = Path(teraio.__file__).resolve().parent / "tokenizers"
 FULL = os.environ.get("TERAIO_TOK_FULL") == "1"
 ENCODINGS = ["r50k_base", "cl100k_base", "o200k_base"]
 
-pytestmark = pytest.mark.skipif(not (SHARED / "cl100k_base.tiktoken").exists(),
-                                reason=f"no rank files in {SHARED}")
 
 TIO_EPARSE = -5001
 
 
 @functools.lru_cache(maxsize=None)
 def reference(name: str) -> "tiktoken.Encoding":
-    spec = json.loads((SHARED / "encodings.json").read_text())[name]
+    spec = json.loads((SHIPPED / "encodings.json").read_text())[name]
     return tiktoken.Encoding(name, pat_str=spec["pat_str"],
-                             mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(SHARED / f"{name}.tiktoken")),
+                             mergeable_ranks=tiktoken.load.load_tiktoken_bpe(str(SHIPPED / f"{name}.tiktoken")),
                              special_tokens=spec["special_tokens"])
 
 
 @functools.lru_cache(maxsize=None)
 def teraio_encoding(name: str) -> Tokenizer:
-    return Tokenizer.encoding(name, SHARED)
+    return Tokenizer.encoding(name)  # found by the library: the shipped copy
 
 
 def _text_files():
@@ -153,7 +152,7 @@ def test_real_text_sample(name):
         assert tok.decode(tok.encode(doc)) == doc
 
 
-@pytest.mark.skipif(not FULL, reason="full run: set TERAIO_TOK_FULL=1")
+@pytest.mark.skipif(not FULL, reason="opt-in: the full run, set TERAIO_TOK_FULL=1")
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_real_text_full(name):
     docs = corpus(50_000_000)
@@ -250,7 +249,7 @@ def _hf_from_ranks(name: str, path: Path, llama3_style: bool) -> "tokenizers.Tok
     from tokenizers import decoders, models, pre_tokenizers, AddedToken
 
     enc = reference(name)
-    ranks = tiktoken.load.load_tiktoken_bpe(str(SHARED / f"{name}.tiktoken"))
+    ranks = tiktoken.load.load_tiktoken_bpe(str(SHIPPED / f"{name}.tiktoken"))
     b2u = _bytes_to_unicode()
     vocab = {"".join(b2u[b] for b in tok): rank for tok, rank in ranks.items()}
     merges = []
@@ -273,7 +272,7 @@ def _hf_from_ranks(name: str, path: Path, llama3_style: bool) -> "tokenizers.Tok
 
 @pytest.mark.parametrize("name,llama3_style", [("r50k_base", False), ("cl100k_base", True)])
 def test_huggingface_tokenizer_json(tmp_path, name, llama3_style):
-    hf = _hf_from_ranks(name, SHARED, llama3_style)
+    hf = _hf_from_ranks(name, SHIPPED, llama3_style)
     path = tmp_path / "tokenizer.json"
     hf.save(str(path))
     tok = Tokenizer.huggingface(path)
@@ -323,7 +322,7 @@ def test_batch_matches_single():
 
 def test_errors(tmp_path):
     with pytest.raises(TeraioError) as err:
-        Tokenizer.encoding("gpt-5", SHARED)
+        Tokenizer.encoding("gpt-5", SHIPPED)
     assert "unknown encoding" in str(err.value)
     bad = tmp_path / "bad.tiktoken"
     bad.write_bytes(b"YQ== 0\nnot base64 1\n")
@@ -335,3 +334,22 @@ def test_errors(tmp_path):
     tok = teraio_encoding("r50k_base")
     with pytest.raises(TeraioError):
         tok.decode([50257 + 10])
+
+
+def test_rank_file_with_one_byte_changed_is_refused(tmp_path):
+    data = bytearray((SHIPPED / "cl100k_base.tiktoken").read_bytes())
+    data[1000] ^= 0x01
+    (tmp_path / "cl100k_base.tiktoken").write_bytes(bytes(data))
+    with pytest.raises(TeraioError) as err:
+        Tokenizer.encoding("cl100k_base", tmp_path)
+    msg = str(err.value)
+    assert f"{tmp_path}/cl100k_base.tiktoken: sha256 " in msg
+    assert "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7" in msg
+
+
+def test_encoding_found_from_any_working_directory(tmp_path, monkeypatch):
+    """No directory, no variable: the shipped copy, wherever the process runs."""
+    monkeypatch.chdir("/")
+    monkeypatch.delenv("TERAIO_TOKENIZERS_DIR", raising=False)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    assert Tokenizer.encoding("o200k_base").encode("hello world") == [24912, 2375]
