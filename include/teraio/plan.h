@@ -115,11 +115,16 @@ typedef struct {
                                      over-capacity kernels stall time as
                                      bandwidth budget and plan again
                                      (planner_fast.c) */
+    bool synchronous_moves;       /* where memory is still above capacity, move
+                                     tensors synchronously (a predicted stall)
+                                     until it is not: with kind_mask 0 the plan
+                                     then fits whenever capacity >=
+                                     lt->max_active_bytes */
 } tio_plan_options;
 
 /* Defaults: planner TIO_PLANNER_TERAIO, capacity 0 (must be set), SSD
- * 2.0/1.5 GB/s, host channels 0, host cap 0, kind_mask 0, best_tier and
- * planned_stalls true. */
+ * 2.0/1.5 GB/s, host channels 0, host cap 0, kind_mask 0, best_tier,
+ * planned_stalls and synchronous_moves true. */
 TIO_API void tio_plan_options_default(tio_plan_options *opt);
 
 typedef struct tio_plan {
@@ -135,14 +140,23 @@ typedef struct tio_plan {
     uint64_t bytes_to_ssd, bytes_to_host; /* per iteration */
     bool fits;                    /* planned_peak_bytes <= capacity_bytes */
     double plan_seconds;          /* wall time spent planning */
+    uint64_t predicted_stall_ns;  /* per iteration, the planner's estimate of the
+                                     waits it accepts: planned stall budget and
+                                     the part of synchronous moves no bandwidth
+                                     budget hides (0 for Algorithm 1 and for a
+                                     loaded plan: the file does not carry it;
+                                     tio_sim_plan measures it) */
 } tio_plan;
 
 /* Build a plan with the planner opt->planner selects (file comment).
- * Returns 0 (check plan->fits: a plan that cannot reach capacity is still
- * returned, best effort); -EINVAL (bad options, an unknown planner, or a
- * trace without kernels: a plan file needs at least one); TIO_EINFEASIBLE
- * when capacity < lt->max_active_bytes (the message names the kernel and
- * its need); -ENOMEM.  plan_seconds is the wall time it took. */
+ * Returns 0 — check plan->fits: a plan that cannot reach capacity is still
+ * returned, best effort (Algorithm 1, or the teraio planner without
+ * synchronous_moves or with a kind_mask; with its defaults the teraio
+ * planner always fits above the floor); -EINVAL (bad options, an unknown
+ * planner, or a trace without kernels: a plan file needs at least one);
+ * TIO_EINFEASIBLE when capacity < lt->max_active_bytes, the working-set
+ * floor (the message names it, its kernel and the capacity); -ENOMEM.
+ * plan_seconds is the wall time it took. */
 TIO_API int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
                            const tio_plan_options *opt, tio_plan **out);
 

@@ -149,10 +149,12 @@ TIO_API int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const t
 
 /* Run one strategy: plan it if it plans, with tio_plan_build on the
  * profile's options (tio_hw_plan_options) — teraio: the default options;
- * teraio-alg1: Algorithm 1's rules (best_tier and planned_stalls off) on
+ * teraio-alg1: Algorithm 1's rules (best_tier, planned_stalls and
+ * synchronous_moves off) on
  * the teraio planner, which makes exactly TIO_PLANNER_ALG1's plan in far
  * less time, so its plan_seconds is not the faithful planner's;
- * flashneuron: activations only (kind_mask), SSD only — and replay it, or
+ * flashneuron: activations only (kind_mask), SSD only, no synchronous
+ * moves — and replay it, or
  * simulate the baseline's own
  * model (zero-offload, zero-infinity, lru: docs/baselines.md).  If
  * `plan_out` is not NULL and the strategy planned, the plan is handed over

@@ -133,7 +133,8 @@ class PlanOptions(Structure):
     _fields_ = [("planner", c_int), ("capacity_bytes", c_uint64), ("ssd_read_gbps", c_double),
                 ("ssd_write_gbps", c_double), ("host_to_device_gbps", c_double),
                 ("device_to_host_gbps", c_double), ("host_cap_bytes", c_uint64),
-                ("kind_mask", c_uint32), ("best_tier", c_bool), ("planned_stalls", c_bool)]
+                ("kind_mask", c_uint32), ("best_tier", c_bool), ("planned_stalls", c_bool),
+                ("synchronous_moves", c_bool)]
 
 
 class Migration(Structure):
@@ -148,7 +149,7 @@ class Plan(Structure):
                 ("n_migrations", c_uint32), ("migrations", POINTER(Migration)),
                 ("planned_memory_bytes", POINTER(c_uint64)), ("planned_peak_bytes", c_uint64),
                 ("peak_host_bytes", c_uint64), ("bytes_to_ssd", c_uint64), ("bytes_to_host", c_uint64),
-                ("fits", c_bool), ("plan_seconds", c_double)]
+                ("fits", c_bool), ("plan_seconds", c_double), ("predicted_stall_ns", c_uint64)]
 
 
 PlanP = POINTER(Plan)

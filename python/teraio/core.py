@@ -159,7 +159,7 @@ class Plan:
 
     def __getattr__(self, name):
         if name in ("n_migrations", "capacity_bytes", "planned_peak_bytes", "bytes_to_ssd", "bytes_to_host",
-                    "fits", "plan_seconds", "n_kernels", "peak_host_bytes"):
+                    "fits", "plan_seconds", "n_kernels", "peak_host_bytes", "predicted_stall_ns"):
             return getattr(self._p.contents, name)
         raise AttributeError(name)
 

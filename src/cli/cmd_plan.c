@@ -205,6 +205,11 @@ static void print_summary(const plan_args *a, const tio_trace *trace, const tio_
     printf("peak host       %s\n", tio_format_bytes(plan->peak_host_bytes, b1));
     printf("planner         %s\n", tio_planner_name(a->opt.planner));
     printf("planning time   %.3f s\n", plan->plan_seconds);
+    uint32_t sync = 0;
+    for (uint32_t i = 0; i < plan->n_migrations; i++)
+        sync += plan->migrations[i].trigger_kernel == plan->migrations[i].deadline_kernel;
+    printf("predicted stall %.6f s per iteration (%u synchronous migration%s)\n",
+           plan->predicted_stall_ns / 1e9, sync, sync == 1 ? "" : "s");
     printf("fits            %s\n", plan->fits ? "yes" : "no");
     printf("plan written    %s\n", a->out_path);
 }

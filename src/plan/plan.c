@@ -29,6 +29,7 @@ void tio_plan_options_default(tio_plan_options *opt)
     opt->ssd_write_gbps = 1.5;
     opt->best_tier = true;
     opt->planned_stalls = true;
+    opt->synchronous_moves = true;
 }
 
 const char *tio_planner_name(tio_planner planner)
@@ -60,6 +61,11 @@ uint64_t tio_plan_budget_bytes(double gbps, double ns, uint64_t max)
 {
     double b = floor(gbps * ns);
     return b >= (double)max ? max : (uint64_t)b;
+}
+
+uint64_t tio_plan_stall_ns(double ns)
+{
+    return tio_plan_budget_bytes(1.0, ns + 0.5, UINT64_MAX);
 }
 
 /* The checks both planners rely on; the messages are tio_plan_build's. */
@@ -99,9 +105,10 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
         while (k + 1 < lt->n_kernels && lt->active_bytes[k] != lt->max_active_bytes)
             k++;
         char cap[32], need[32];
-        return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s",
-                        tio_format_bytes(opt->capacity_bytes, cap), k,
-                        trace->kernels[k].name, tio_format_bytes(lt->max_active_bytes, need));
+        return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, the "
+                        "working-set floor: no plan fits below it",
+                        tio_format_bytes(opt->capacity_bytes, cap), k, trace->kernels[k].name,
+                        tio_format_bytes(lt->max_active_bytes, need));
     }
     return 0;
 }
@@ -198,6 +205,7 @@ int tio_plan_assemble(tio_plan_result *res, const tio_trace *trace, uint64_t cap
     plan->peak_host_bytes = res->peak_host_bytes;
     plan->bytes_to_ssd = res->bytes_to_ssd;
     plan->bytes_to_host = res->bytes_to_host;
+    plan->predicted_stall_ns = res->predicted_stall_ns;
     plan->fits = plan->planned_peak_bytes <= capacity_bytes;
     plan->plan_seconds = (double)(tio_now_ns() - t0_ns) / 1e9;
     res->migrations = (tio_migration_list){0};

@@ -50,7 +50,11 @@ typedef struct {
     tio_migration_list migrations;
     uint64_t *planned;            /* [n_kernels] M' */
     uint64_t peak_host_bytes, bytes_to_ssd, bytes_to_host;
+    uint64_t predicted_stall_ns;
 } tio_plan_result;
+
+/* A predicted stall in ns as the plan stores it (rounded, saturated). */
+uint64_t tio_plan_stall_ns(double ns);
 
 /* Finish a planner's work: sort the migrations, move them and M' into a
  * new tio_plan with its peak, totals and the planning time since `t0_ns`.

@@ -111,9 +111,13 @@ int tio_sim_run(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw
          * kernels) a round instead of O(candidates x kernels). */
         opt.best_tier = false;
         opt.planned_stalls = false;
+        opt.synchronous_moves = false;
     } else if (strategy == TIO_SIM_FLASHNEURON) {
-        opt.kind_mask = 1u << TIO_KIND_ACTIVATION; /* activations only, SSD only */
+        /* activations only, SSD only, and none of teraio's synchronous moves:
+         * FlashNeuron leaves what it cannot hide to on-demand swapping */
+        opt.kind_mask = 1u << TIO_KIND_ACTIVATION;
         opt.host_cap_bytes = 0;
+        opt.synchronous_moves = false;
     }
     tio_plan *plan = NULL;
     int rc = tio_plan_build(trace, lt, &opt, &plan);

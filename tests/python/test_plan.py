@@ -37,3 +37,42 @@ def test_unknown_planner_is_refused():
     trace, lt = fixture()
     with pytest.raises(ValueError, match="planner must be one of"):
         Plan.build(trace, lt, 1095663, ssd_read_gbps=1.0, ssd_write_gbps=1.0, planner="fast")
+
+
+def test_synchronous_plan_runs_within_capacity_with_identical_losses(tmp_path):
+    # Issue 13 item 2 end to end: at the working-set floor with a slow
+    # disk, only synchronous moves make a plan fit; the runtime executes it
+    # (synchronous migrations wait at their kernel) and training is
+    # unchanged.  The measured resident peak is reported beside the capacity.
+    import torch
+    from conftest import TinyJob
+    from teraio.core import Engine
+    from teraio.torch import OffloadRuntime, Profiler
+
+    torch.use_deterministic_algorithms(True)
+    ref = TinyJob()
+    ref_losses = [ref.step(i).item() for i in range(len(ref.batches))]
+    job = TinyJob()
+    prof = Profiler(job.model, job.opt)
+    losses = []
+    for i in range(2):
+        with prof.iteration():
+            losses.append(job.step(i).item())
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    capacity = lt.max_active_bytes + (lt.peak_bytes - lt.max_active_bytes) // 10
+    alg1 = Plan.build(trace, lt, capacity, ssd_read_gbps=0.01, ssd_write_gbps=0.01, planner="alg1")
+    plan = Plan.build(trace, lt, capacity, ssd_read_gbps=0.01, ssd_write_gbps=0.01)
+    assert not alg1.fits
+    assert plan.fits and plan.predicted_stall_ns > 0
+    (tmp_path / "ssd").mkdir()
+    engine = Engine([str(tmp_path / "ssd")], capacity_bytes=2 * lt.peak_bytes + (16 << 20))
+    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
+    for i in range(2, len(job.batches)):
+        with rt.iteration():
+            losses.append(job.step(i).item())
+    stats = rt.stats()
+    rt.close()
+    assert losses == ref_losses
+    assert not stats["diverged"]
+    assert stats["bytes_offloaded"] > 0
