@@ -57,7 +57,10 @@
  *     inactive period with the largest benefit/cost (sum of over-capacity
  *     kernel time it covers), book its bandwidth per kernel, SSD first and
  *     host memory (up to a cap) when the SSD channel cannot fit it, until
- *     max M' <= capacity or nothing viable is left.  It re-scores every
+ *     max M' <= capacity or nothing viable is left; then, with
+ *     synchronous_moves (the default), the authors' rule the paper leaves
+ *     unsaid: what is still above capacity moves late, as a stall, instead
+ *     of being left to on-demand swapping.  It re-scores every
  *     candidate each round, O(rounds x candidates x kernels): about cubic
  *     in the kernel count, the reference the teraio planner is checked
  *     against (tests/c/test_sim.c), not for large traces.
@@ -104,8 +107,9 @@ typedef struct {
     double device_to_host_gbps;   /* 0 = same as ssd_write */
     uint64_t host_cap_bytes;      /* host tier cap; 0 = no host tier */
     /* The teraio planner's own rules; TIO_PLANNER_ALG1 follows Algorithm 1
-     * and ignores them.  With kind_mask 0 and the three flags false the
-     * teraio planner makes exactly Algorithm 1's plan (test_sim.c). */
+     * and ignores them, except synchronous_moves.  With kind_mask 0 and
+     * best_tier and planned_stalls false the teraio planner makes exactly
+     * Algorithm 1's plan, with or without synchronous moves (test_sim.c). */
     uint32_t kind_mask;           /* bit (1 << tio_tensor_kind) per kind that may
                                      move; 0 = every kind */
     bool best_tier;               /* place each period on whichever tier (SSD or
@@ -115,11 +119,16 @@ typedef struct {
                                      over-capacity kernels stall time as
                                      bandwidth budget and plan again
                                      (planner_fast.c) */
-    bool synchronous_moves;       /* where memory is still above capacity, move
+    bool synchronous_moves;       /* both planners: where memory is still above
+                                     capacity after the greedy rounds, move
                                      tensors synchronously (a predicted stall)
-                                     until it is not: with kind_mask 0 the plan
-                                     then fits whenever capacity >=
-                                     lt->max_active_bytes */
+                                     until it is not (plan_sync.c): with
+                                     kind_mask 0 the plan then fits whenever
+                                     capacity >= lt->max_active_bytes.  For
+                                     Algorithm 1 this is the authors' rule of
+                                     a late prefetch over swapping
+                                     (docs/baselines.md); false leaves the
+                                     excess, as DESIGN.md's text does */
 } tio_plan_options;
 
 /* Defaults: planner TIO_PLANNER_TERAIO, capacity 0 (must be set), SSD
@@ -143,16 +152,15 @@ typedef struct tio_plan {
     uint64_t predicted_stall_ns;  /* per iteration, the planner's estimate of the
                                      waits it accepts: planned stall budget and
                                      the part of synchronous moves no bandwidth
-                                     budget hides (0 for Algorithm 1 and for a
-                                     loaded plan: the file does not carry it;
+                                     budget hides (0 for a loaded plan: the
+                                     file does not carry it;
                                      tio_sim_plan measures it) */
 } tio_plan;
 
 /* Build a plan with the planner opt->planner selects (file comment).
  * Returns 0 — check plan->fits: a plan that cannot reach capacity is still
- * returned, best effort (Algorithm 1, or the teraio planner without
- * synchronous_moves or with a kind_mask; with its defaults the teraio
- * planner always fits above the floor); -EINVAL (bad options, an unknown
+ * returned, best effort (without synchronous_moves, or with a kind_mask;
+ * with the defaults both planners always fit above the floor); -EINVAL (bad options, an unknown
  * planner, or a trace without kernels: a plan file needs at least one);
  * TIO_EINFEASIBLE when capacity < lt->max_active_bytes, the working-set
  * floor (the message names it, its kernel and the capacity); -ENOMEM.

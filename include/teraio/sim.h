@@ -149,8 +149,8 @@ TIO_API int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const t
 
 /* Run one strategy: plan it if it plans, with tio_plan_build on the
  * profile's options (tio_hw_plan_options) — teraio: the default options;
- * teraio-alg1: Algorithm 1's rules (best_tier, planned_stalls and
- * synchronous_moves off) on
+ * teraio-alg1: Algorithm 1's rules (best_tier and planned_stalls off,
+ * synchronous_moves on as for TIO_PLANNER_ALG1) on
  * the teraio planner, which makes exactly TIO_PLANNER_ALG1's plan in far
  * less time, so its plan_seconds is not the faithful planner's;
  * flashneuron: activations only (kind_mask), SSD only, no synchronous

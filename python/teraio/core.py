@@ -127,10 +127,15 @@ class Plan:
     @classmethod
     def build(cls, trace: Trace, lifetime: Lifetime, capacity_bytes: int, ssd_read_gbps: float,
               ssd_write_gbps: float, host_cap_bytes: int = 0, planner: str = "teraio",
-              host_to_device_gbps: float = 0.0, device_to_host_gbps: float = 0.0) -> "Plan":
+              host_to_device_gbps: float = 0.0, device_to_host_gbps: float = 0.0,
+              synchronous_moves: bool = True) -> "Plan":
         """tio_plan_build: ``planner`` is "teraio" (the default, fast planner)
         or "alg1" (TERAIO's Algorithm 1 as published, about cubic in the
-        kernel count); host channel bandwidths of 0 mean "as the SSD's"."""
+        kernel count); host channel bandwidths of 0 mean "as the SSD's".
+        With ``synchronous_moves`` (the default) the plan fits whenever the
+        capacity is at least the working-set floor (``Lifetime.max_active_bytes``),
+        accepting stalls (``predicted_stall_ns``) where bandwidth cannot
+        hide a move."""
         if planner not in L.PLANNERS:
             raise ValueError(f"planner must be one of {sorted(L.PLANNERS)}, got {planner!r}")
         opt = L.PlanOptions()
@@ -142,6 +147,7 @@ class Plan:
         opt.host_to_device_gbps = host_to_device_gbps
         opt.device_to_host_gbps = device_to_host_gbps
         opt.host_cap_bytes = _u64("host_cap_bytes", host_cap_bytes)
+        opt.synchronous_moves = bool(synchronous_moves)
         p = L.PlanP()
         L.check(L.tio_plan_build(trace._p, lifetime._p, ctypes.byref(opt), ctypes.byref(p)))
         return cls(p, trace)

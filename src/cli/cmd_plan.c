@@ -42,13 +42,18 @@ static void plan_usage(FILE *f)
         "  --host-to-device-gbps R  host tier read bandwidth (default: as SSD read)\n"
         "  --device-to-host-gbps W  host tier write bandwidth (default: as SSD write)\n"
         "  --host-cap BYTES         host memory the plan may use (default 0: none)\n"
+        "  --no-synchronous-moves   leave memory above the capacity where no bandwidth can\n"
+        "                           hide a move (Algorithm 1 as DESIGN.md words it),\n"
+        "                           instead of moving tensors synchronously (a predicted\n"
+        "                           stall) so that the plan fits\n"
         "  -o, --output PLAN        plan file to write (required)\n"
         "  -h, --help               show this help\n"
         "\n"
         "BYTES takes K/M/G/T (powers of 1024) or KB/MB/GB/TB (powers of 1000).\n"
         "Exit status: 0 the plan fits the capacity; 1 the plan was written but its\n"
-        "planned peak is above the capacity (a warning says so), or an error\n"
-        "(unreadable trace, capacity below a single kernel's need); 2 bad usage.\n");
+        "planned peak is above the capacity (a warning says so; only with\n"
+        "--no-synchronous-moves), or an error (unreadable trace, capacity below a\n"
+        "single kernel's need: the working-set floor); 2 bad usage.\n");
 }
 
 /* A usage mistake: one line on stderr, exit status 2. */
@@ -124,6 +129,8 @@ static int parse_arg(int argc, char **argv, int *i, plan_args *a)
         if (!v || !*v)
             return usage_error("--hw: expected a profile file");
         a->hw_path = v;
+    } else if (!strcmp(arg, "--no-synchronous-moves")) {
+        a->opt.synchronous_moves = false;
     } else if ((v = option_value(argc, argv, i, "--planner", &m)), m) {
         if (!v || tio_planner_parse(v, &a->opt.planner))
             return usage_error("--planner: expected teraio or alg1, got '%s'", v ? v : "");
@@ -175,6 +182,7 @@ static int apply_profile(plan_args *a)
     tio_plan_options given = a->opt;
     tio_hw_plan_options(&hw, &a->opt);
     a->opt.planner = given.planner;
+    a->opt.synchronous_moves = given.synchronous_moves;
     for (int o = 0; o < N_VALUE_OPTIONS; o++)
         if (a->given[o]) {
             size_t at = VALUE_OPTIONS[o].offset;

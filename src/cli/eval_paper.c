@@ -207,14 +207,15 @@ static void print_fidelity(const paper *p)
     if (!p->suite->n_references)
         return;
     printf("\nfidelity: published fraction of ideal vs simulated (mean over the model's "
-           "configurations)\n%-11s %-13s %9s %9s %9s %9s\n", "model", "strategy", "paper",
-           "simulated", "diff", "teraio");
+           "configurations)\n%-11s %-13s %9s %9s %9s %9s %9s\n", "model", "strategy", "paper",
+           "simulated", "diff", "relative", "teraio");
     for (uint32_t i = 0; i < p->suite->n_references; i++) {
         const tio_sim_suite_reference *ref = &p->suite->references[i];
         double sim = model_mean(p, ref->model, (int)ref->strategy);
-        printf("%-11s %-13s %9.3f %9.3f %+9.3f %9.3f\n", ref->model,
+        printf("%-11s %-13s %9.3f %9.3f %+9.3f %+8.1f%% %9.3f\n", ref->model,
                tio_sim_strategy_name(ref->strategy), ref->fraction_of_ideal, sim,
-               sim - ref->fraction_of_ideal, model_mean(p, ref->model, TIO_SIM_TERAIO));
+               sim - ref->fraction_of_ideal, 100 * (sim / ref->fraction_of_ideal - 1),
+               model_mean(p, ref->model, TIO_SIM_TERAIO));
     }
 }
 
@@ -238,9 +239,10 @@ static void print_json(const paper *p, const paper_summary *sm)
         const tio_sim_suite_reference *ref = &p->suite->references[i];
         double sim = model_mean(p, ref->model, (int)ref->strategy);
         printf("   {\"model\": \"%s\", \"strategy\": \"%s\", \"paper\": %.4f, \"simulated\": %.4f, "
-               "\"difference\": %.4f, \"teraio\": %.4f}%s\n", ref->model,
-               tio_sim_strategy_name(ref->strategy), ref->fraction_of_ideal, sim,
-               sim - ref->fraction_of_ideal, model_mean(p, ref->model, TIO_SIM_TERAIO),
+               "\"difference\": %.4f, \"relative_difference\": %.4f, \"teraio\": %.4f}%s\n",
+               ref->model, tio_sim_strategy_name(ref->strategy), ref->fraction_of_ideal, sim,
+               sim - ref->fraction_of_ideal, sim / ref->fraction_of_ideal - 1,
+               model_mean(p, ref->model, TIO_SIM_TERAIO),
                i + 1 < p->suite->n_references ? "," : "");
     }
     printf("  ],\n  \"summary\": {\"configs\": %u, \"teraio_avg_fraction_of_ideal\": %.4f, "

@@ -53,6 +53,57 @@ typedef struct {
     uint64_t predicted_stall_ns;
 } tio_plan_result;
 
+/* The periods a planner chose, as the synchronous finish needs them. */
+typedef struct {
+    bool *chosen;                  /* [n_periods] */
+    uint64_t *win_off, *win_pre;   /* [n_periods] its window [k_off, k_pre), unwrapped
+                                      as the period's kernels are */
+    uint32_t *pair_at;             /* [n_periods] its offload's index in the list
+                                      (the prefetch follows it) */
+} tio_plan_windows;
+
+/* Allocate (zeroed) for n periods: 0 or -ENOMEM (free either way). */
+int tio_plan_windows_init(tio_plan_windows *w, uint32_t n_periods);
+void tio_plan_windows_free(tio_plan_windows *w);
+
+/* Emit period i's offload/prefetch pair (tio_plan_emit_pair) into
+ * res->migrations and record it in w.  Returns 0 or -ENOMEM. */
+int tio_plan_choose(tio_plan_result *res, tio_plan_windows *w, uint32_t n_kernels,
+                    const tio_inactive_period *per, uint32_t i, uint64_t k_off, uint64_t k_pre,
+                    tio_tier tier);
+
+/* The synchronous finish (plan_sync.c), over a planner's own bandwidth
+ * bookkeeping through these operations.  Channels are TIO_CH_*; kernel
+ * ranges are unwrapped (< 2 n_kernels). */
+typedef struct {
+    const tio_trace *trace;
+    const tio_lifetime *lt;
+    uint64_t capacity, host_cap;
+    uint32_t kind_mask;
+    const double *gbps;            /* [TIO_CH_N] GB/s */
+    tio_plan_result *res;          /* M' (res->planned) and the migrations */
+    tio_plan_windows *win;
+    void *planner;                 /* handed to the operations */
+    /* bytes channel ch can still move over kernels [from, to) */
+    uint64_t (*budget)(void *planner, int ch, uint64_t from, uint64_t to);
+    /* Algorithm 1's walks for per's s bytes on channel ch (planner.c) */
+    bool (*walk_offload)(void *planner, int ch, const tio_inactive_period *per, uint64_t *k_off);
+    bool (*walk_prefetch)(void *planner, int ch, const tio_inactive_period *per,
+                          uint64_t *k_pre);
+    /* host memory holds per's bytes over [last_use + 1, next_use) */
+    bool (*host_room)(void *planner, const tio_inactive_period *per);
+    /* choose period i over [k_off, k_pre) on `tier`, booking write_bytes
+     * forward from its last use and read_bytes back from its next use */
+    int (*place)(void *planner, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                 uint64_t write_bytes, uint64_t read_bytes);
+    /* M' -= bytes over [from, to) */
+    void (*uncover)(void *planner, uint64_t from, uint64_t to, uint64_t bytes);
+} tio_plan_sync;
+
+/* Move tensors synchronously until M' is within capacity wherever it can
+ * be (plan_sync.c); adds the predicted stall to *stall_ns.  0 or -ENOMEM. */
+int tio_plan_sync_finish(const tio_plan_sync *sy, double *stall_ns);
+
 /* A predicted stall in ns as the plan stores it (rounded, saturated). */
 uint64_t tio_plan_stall_ns(double ns);
 

@@ -53,6 +53,8 @@ typedef struct {
     uint64_t *budget[TIO_CH_N];    /* [n] bytes left per channel */
     uint64_t *host;                /* [n] bytes in the host tier */
     tio_plan_result res;           /* migrations, M' (res.planned) and totals */
+    tio_plan_windows win;          /* the periods chosen, and their windows */
+    double gbps[TIO_CH_N];
 } planner;
 
 /* Where one candidate would go this round. */
@@ -147,15 +149,23 @@ static placement place(const planner *p, const tio_inactive_period *per)
 }
 
 /* Commit a placement: migrations, M', bandwidth, host tier. */
-static int apply(planner *p, const tio_inactive_period *per, const placement *pl)
+/* Commit period i's placement: migrations, M', bandwidth (write_bytes
+ * booked forward from the last use, read_bytes back from the next use: all
+ * of s for a placement the walks found, less for a synchronous one), host
+ * tier. */
+static int apply_booked(planner *p, uint32_t i, const placement *pl, uint64_t write_bytes,
+                        uint64_t read_bytes)
 {
+    const tio_inactive_period *per = &p->lt->periods[i];
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes, unused;
     bool ssd = pl->tier == TIO_TIER_SSD;
-    int rc = tio_plan_emit_pair(&p->res.migrations, p->n, per, pl->k_off, pl->k_pre, pl->tier);
+    int rc = tio_plan_choose(&p->res, &p->win, p->n, per, i, pl->k_off, pl->k_pre, pl->tier);
     if (rc)
         return rc;
-    walk_offload(p->budget[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], p->n, a, b, s, true, &unused);
-    walk_prefetch(p->budget[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], p->n, a, b, s, true, &unused);
+    walk_offload(p->budget[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], p->n, a, b, write_bytes,
+                 true, &unused);
+    walk_prefetch(p->budget[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], p->n, a, b, read_bytes,
+                  true, &unused);
     for (uint64_t k = pl->k_off; k < pl->k_pre; k++)
         p->res.planned[k % p->n] -= s;
     if (ssd) {
@@ -215,7 +225,8 @@ static int plan_rounds(planner *p)
         if (!best.ok)
             break;
         alive[best_i] = false;
-        rc = apply(p, &lt->periods[best_i], &best);
+        uint64_t bytes = lt->periods[best_i].bytes;
+        rc = apply_booked(p, best_i, &best, bytes, bytes);
         if (rc)
             break;
     }
@@ -230,6 +241,7 @@ static void planner_free(planner *p)
         free(p->budget[c]);
     free(p->host);
     free(p->res.migrations.m);
+    tio_plan_windows_free(&p->win);
 }
 
 static int planner_init(planner *p, const tio_trace *trace, const tio_lifetime *lt,
@@ -243,22 +255,63 @@ static int planner_init(planner *p, const tio_trace *trace, const tio_lifetime *
     p->host_cap = opt->host_cap_bytes;
     p->res.planned = malloc((size_t)p->n * sizeof *p->res.planned);
     p->host = calloc(p->n, sizeof *p->host);
-    bool ok = p->res.planned && p->host;
+    bool ok = p->res.planned && p->host && !tio_plan_windows_init(&p->win, lt->n_periods);
     for (int c = 0; c < TIO_CH_N; c++)
         ok = (p->budget[c] = malloc((size_t)p->n * sizeof *p->budget[c])) && ok;
     if (!ok) {
         planner_free(p);
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", p->n);
     }
-    double gbps[TIO_CH_N];
-    tio_plan_channel_gbps(opt, gbps);
+    tio_plan_channel_gbps(opt, p->gbps);
     for (uint32_t k = 0; k < p->n; k++) {
         p->res.planned[k] = lt->memory_bytes[k];
         for (int c = 0; c < TIO_CH_N; c++)
-            p->budget[c][k] = tio_plan_budget_bytes(gbps[c], (double)trace->kernels[k].duration_ns,
+            p->budget[c][k] = tio_plan_budget_bytes(p->gbps[c],
+                                                    (double)trace->kernels[k].duration_ns,
                                                     UINT64_MAX);
     }
     return 0;
+}
+
+/* ---- the synchronous finish's operations (plan_sync.c) --------------------- */
+
+static uint64_t op_budget(void *q, int ch, uint64_t from, uint64_t to)
+{
+    const planner *p = q;
+    uint64_t sum = 0;
+    for (uint64_t k = from; k < to; k++)
+        sum += p->budget[ch][k % p->n];
+    return sum;
+}
+
+static bool op_walk_offload(void *q, int ch, const tio_inactive_period *per, uint64_t *k_off)
+{
+    planner *p = q;
+    return walk_offload(p->budget[ch], p->n, per->last_use, per->next_use, per->bytes, false,
+                        k_off);
+}
+
+static bool op_walk_prefetch(void *q, int ch, const tio_inactive_period *per, uint64_t *k_pre)
+{
+    planner *p = q;
+    return walk_prefetch(p->budget[ch], p->n, per->last_use, per->next_use, per->bytes, false,
+                         k_pre);
+}
+
+static bool op_host_room(void *q, const tio_inactive_period *per) { return host_has_room(q, per); }
+
+static int op_place(void *q, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                    uint64_t write_bytes, uint64_t read_bytes)
+{
+    placement pl = {.ok = true, .tier = tier, .k_off = k_off, .k_pre = k_pre};
+    return apply_booked(q, i, &pl, write_bytes, read_bytes);
+}
+
+static void op_uncover(void *q, uint64_t from, uint64_t to, uint64_t bytes)
+{
+    planner *p = q;
+    for (uint64_t k = from; k < to; k++)
+        p->res.planned[k % p->n] -= bytes;
 }
 
 int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
@@ -269,8 +322,20 @@ int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
     if (rc)
         return rc;
     rc = plan_rounds(&p);
+    double stall_ns = 0;
+    if (!rc && opt->synchronous_moves) {
+        tio_plan_sync sy = {
+            .trace = trace, .lt = lt, .capacity = p.capacity, .host_cap = p.host_cap,
+            .gbps = p.gbps, .res = &p.res, .win = &p.win, .planner = &p,
+            .budget = op_budget, .walk_offload = op_walk_offload,
+            .walk_prefetch = op_walk_prefetch, .host_room = op_host_room, .place = op_place,
+            .uncover = op_uncover,
+        };
+        rc = tio_plan_sync_finish(&sy, &stall_ns);
+    }
     if (!rc) {
         p.res.peak_host_bytes = max_of(p.host, p.n);
+        p.res.predicted_stall_ns = tio_plan_stall_ns(stall_ns);
         rc = tio_plan_assemble(&p.res, trace, p.capacity, t0_ns, out);
     }
     planner_free(&p);

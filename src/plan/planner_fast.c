@@ -438,10 +438,7 @@ typedef struct {
     const tio_trace *trace;
     const tio_lifetime *lt;
     tio_plan_options opt;
-    bool *applied;              /* [n_periods] chosen already */
-    uint64_t *win_off, *win_pre;/* [n_periods] the window [k_off, k_pre) of a chosen
-                                   period, unwrapped as its kernels are */
-    uint32_t *pair_at;          /* [n_periods] its offload's index in res.migrations */
+    tio_plan_windows win;       /* the periods chosen, and their windows */
     double planned_stall_ns;    /* sum of the stall budget this attempt was given */
     double sync_stall_ns;       /* predicted wait of its synchronous moves */
     double gbps[TIO_CH_N];
@@ -551,13 +548,9 @@ static int apply_booked(fast *f, uint32_t i, const placement *pl, uint64_t write
     const tio_inactive_period *per = &f->lt->periods[i];
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
     bool ssd = pl->tier == TIO_TIER_SSD;
-    f->pair_at[i] = f->res.migrations.n;
-    int rc = tio_plan_emit_pair(&f->res.migrations, f->n, per, pl->k_off, pl->k_pre, pl->tier);
+    int rc = tio_plan_choose(&f->res, &f->win, f->n, per, i, pl->k_off, pl->k_pre, pl->tier);
     if (rc)
         return rc;
-    f->applied[i] = true;
-    f->win_off[i] = pl->k_off;
-    f->win_pre[i] = pl->k_pre;
     ch_book_offload(&f->ch[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], a, write_bytes);
     ch_book_prefetch(&f->ch[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], b, read_bytes);
     for (uint64_t k = pl->k_off; k < pl->k_pre; k++)
@@ -630,7 +623,7 @@ static void fast_seed(fast *f)
     const tio_lifetime *lt = f->lt;
     f->heap_n = 0;
     for (uint32_t i = 0; i < lt->n_periods; i++) {
-        if (f->applied[i] || !movable(f, &lt->periods[i]))
+        if (f->win.chosen[i] || !movable(f, &lt->periods[i]))
             continue;
         uint64_t bound;
         place(f, &lt->periods[i], &bound);
@@ -714,10 +707,7 @@ static void fast_free(fast *f)
     free(f->host.max);
     free(f->host.lazy);
     free(f->heap);
-    free(f->applied);
-    free(f->win_off);
-    free(f->win_pre);
-    free(f->pair_at);
+    tio_plan_windows_free(&f->win);
     free(f->res.migrations.m);
 }
 
@@ -731,18 +721,14 @@ static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
     f->host_cap = opt->host_cap_bytes;
     f->res.planned = malloc((size_t)f->n * sizeof *f->res.planned);
     f->heap = malloc(((size_t)lt->n_periods + 1) * sizeof *f->heap);
-    f->applied = calloc((size_t)lt->n_periods + 1, sizeof *f->applied);
-    f->win_off = calloc((size_t)lt->n_periods + 1, sizeof *f->win_off);
-    f->win_pre = calloc((size_t)lt->n_periods + 1, sizeof *f->win_pre);
-    f->pair_at = calloc((size_t)lt->n_periods + 1, sizeof *f->pair_at);
+    int wrc = tio_plan_windows_init(&f->win, lt->n_periods);
     f->host.n = f->n;
     f->host.size = 1;
     while (f->host.size < f->n)
         f->host.size *= 2;
     f->host.max = calloc(2 * (size_t)f->host.size, sizeof *f->host.max);
     f->host.lazy = calloc(2 * (size_t)f->host.size, sizeof *f->host.lazy);
-    if (!f->res.planned || !f->heap || !f->applied || !f->win_off || !f->win_pre ||
-        !f->pair_at || !f->host.max || !f->host.lazy)
+    if (wrc || !f->res.planned || !f->heap || !f->host.max || !f->host.lazy)
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
     memcpy(f->res.planned, lt->memory_bytes, (size_t)f->n * sizeof *f->res.planned);
     for (uint32_t k = 0; k < f->n; k++)
@@ -756,174 +742,53 @@ static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
     return 0;
 }
 
-/* ---- finishing with synchronous moves -------------------------------------- */
+/* ---- the synchronous finish's operations (plan_sync.c) --------------------- */
 
-/* A way to take period i off the device over an over-capacity kernel ku
- * (unwrapped like the period: a < ku < b) that the greedy rounds left. */
-typedef struct {
-    bool ok, widen;          /* widen: period i was chosen; its window grows */
-    uint32_t index;
-    placement pl;            /* the window [k_off, k_pre) and tier */
-    uint64_t write_bytes, read_bytes; /* bandwidth it books (not hidden: stall) */
-    double stall_ns;         /* predicted wait: the bytes no budget hides */
-} sync_move;
-
-/* The unwrapped copy of kernel k inside (a, b), or 0 if k is not in it. */
-static uint64_t inside(uint64_t k, uint32_t n, uint64_t a, uint64_t b)
+static uint64_t op_budget(void *p, int ch, uint64_t from, uint64_t to)
 {
-    if (a < k && k < b)
-        return k;
-    return a < k + n && k + n < b ? k + n : 0;
+    const fast *f = p;
+    return from < to ? ch_F(&f->ch[ch], to) - ch_F(&f->ch[ch], from) : 0;
 }
 
-/* How many kernels from k on (cyclically, at most n) are above capacity:
- * a move made at k keeps its tensor away over the whole run (up to the
- * tensor's next use), so that one move serves it. */
-static uint64_t run_length(const fast *f, uint32_t k)
+static bool op_walk_offload(void *p, int ch, const tio_inactive_period *per, uint64_t *k_off)
 {
-    uint64_t len = 1;
-    while (len < f->n && f->res.planned[(k + len) % f->n] > f->capacity)
-        len++;
-    return len;
+    const fast *f = p;
+    return ch_walk_offload(&f->ch[ch], per->last_use, per->next_use, per->bytes, k_off);
 }
 
-/* Period i, not chosen yet, on one tier's channels: the offload uses the
- * write budget left in [a+1, ku) and the prefetch the read budget left in
- * [e, b), e the end of ku's over-capacity run; where that is not enough,
- * the move is due at ku (offload) or triggered at e (prefetch) anyway and
- * the rest is a stall. */
-static sync_move sync_place(const fast *f, uint32_t i, uint64_t ku, uint64_t e, int wch,
-                            int rch, tio_tier tier)
+static bool op_walk_prefetch(void *p, int ch, const tio_inactive_period *per, uint64_t *k_pre)
 {
-    const tio_inactive_period *per = &f->lt->periods[i];
-    uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
-    sync_move m = {.ok = true, .index = i, .pl = {.ok = true, .tier = tier}};
-    uint64_t w = ch_F(&f->ch[wch], ku) - ch_F(&f->ch[wch], a + 1);
-    uint64_t r = ch_F(&f->ch[rch], b) - ch_F(&f->ch[rch], e);
-    if (w >= s)
-        ch_walk_offload(&f->ch[wch], a, b, s, &m.pl.k_off);
-    else
-        m.pl.k_off = ku;
-    if (r >= s)
-        ch_walk_prefetch(&f->ch[rch], a, b, s, &m.pl.k_pre);
-    else
-        m.pl.k_pre = e;
-    m.write_bytes = w < s ? w : s;
-    m.read_bytes = r < s ? r : s;
-    m.stall_ns = (double)(s - m.write_bytes) / f->gbps[wch] +
-                 (double)(s - m.read_bytes) / f->gbps[rch];
-    return m;
+    const fast *f = p;
+    return ch_walk_prefetch(&f->ch[ch], per->last_use, per->next_use, per->bytes, k_pre);
 }
 
-/* Period i, chosen already with a window that misses ku: the side that
- * must move becomes synchronous at ku, or at e for the prefetch (its booked
- * bandwidth no longer hides it, so the whole transfer counts as stall). */
-static sync_move sync_widen(const fast *f, uint32_t i, uint64_t ku, uint64_t e)
+static bool op_host_room(void *p, const tio_inactive_period *per) { return host_has_room(p, per); }
+
+static int op_place(void *p, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                    uint64_t write_bytes, uint64_t read_bytes)
 {
-    const tio_inactive_period *per = &f->lt->periods[i];
-    const tio_migration *o = &f->res.migrations.m[f->pair_at[i]];
-    bool ssd = o->tier == TIO_TIER_SSD;
-    sync_move m = {.ok = true, .widen = true, .index = i,
-                   .pl = {.ok = true, .tier = o->tier, .k_off = f->win_off[i],
-                          .k_pre = f->win_pre[i]}};
-    if (ku < m.pl.k_off) {
-        m.pl.k_off = ku;
-        m.stall_ns = (double)per->bytes / f->gbps[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE];
-    } else {
-        m.pl.k_pre = e;
-        m.stall_ns = (double)per->bytes / f->gbps[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ];
-    }
-    return m;
+    placement pl = {.ok = true, .tier = tier, .k_off = k_off, .k_pre = k_pre};
+    return apply_booked(p, i, &pl, write_bytes, read_bytes);
 }
 
-/* Rank: the stall per byte of the excess it removes, then the larger
- * tensor, then the earlier period. */
-static bool sync_better(const fast *f, const sync_move *x, const sync_move *y, uint64_t excess)
+static void op_uncover(void *p, uint64_t from, uint64_t to, uint64_t bytes)
 {
-    if (!y->ok)
-        return true;
-    uint64_t sx = f->lt->periods[x->index].bytes, sy = f->lt->periods[y->index].bytes;
-    double cx = x->stall_ns / (double)(sx < excess ? sx : excess);
-    double cy = y->stall_ns / (double)(sy < excess ? sy : excess);
-    if (cx != cy)
-        return cx < cy;
-    return sx != sy ? sx > sy : x->index < y->index;
-}
-
-/* The cheapest move that takes a period off the device at kernel k. */
-static sync_move sync_best(const fast *f, uint32_t k, uint64_t excess)
-{
-    sync_move best = {.ok = false};
-    uint64_t run = run_length(f, k);
-    for (uint32_t i = 0; i < f->lt->n_periods; i++) {
-        const tio_inactive_period *per = &f->lt->periods[i];
-        uint64_t ku = inside(k, f->n, per->last_use, per->next_use);
-        if (!ku || !movable(f, per))
-            continue;
-        sync_move m;
-        if (f->applied[i] && f->win_off[i] <= ku && ku < f->win_pre[i])
-            continue; /* off the device at k already */
-        uint64_t e = ku + run < per->next_use ? ku + run : per->next_use;
-        if (f->applied[i]) {
-            m = sync_widen(f, i, ku, e);
-        } else {
-            m = sync_place(f, i, ku, e, TIO_CH_SSD_WRITE, TIO_CH_SSD_READ, TIO_TIER_SSD);
-            if (f->host_cap > 0 && host_has_room(f, per)) {
-                sync_move h = sync_place(f, i, ku, e, TIO_CH_HOST_WRITE, TIO_CH_HOST_READ,
-                                         TIO_TIER_HOST);
-                if (h.stall_ns <= m.stall_ns)
-                    m = h; /* host memory where the cap allows and it is no slower */
-            }
-        }
-        if (sync_better(f, &m, &best, excess))
-            best = m;
-    }
-    return best;
-}
-
-/* Grow a chosen period's window to m's, synchronous on the side that moved. */
-static void sync_apply_widen(fast *f, const sync_move *m)
-{
-    uint32_t i = m->index;
-    uint64_t s = f->lt->periods[i].bytes, from, to;
-    tio_migration *o = &f->res.migrations.m[f->pair_at[i]];
-    if (m->pl.k_off < f->win_off[i]) {
-        from = m->pl.k_off, to = f->win_off[i];
-        o[0].deadline_kernel = (uint32_t)(m->pl.k_off % f->n);
-        f->win_off[i] = m->pl.k_off;
-    } else {
-        from = f->win_pre[i], to = m->pl.k_pre;
-        o[1].trigger_kernel = (uint32_t)(m->pl.k_pre % f->n);
-        f->win_pre[i] = m->pl.k_pre;
-    }
+    fast *f = p;
     for (uint64_t k = from; k < to; k++)
-        f->res.planned[k % f->n] -= s;
-    ot_range_sub(&f->over, from, to, s);
+        f->res.planned[k % f->n] -= bytes;
+    ot_range_sub(&f->over, from, to, bytes);
 }
 
-/* Wherever M' is still above the capacity, take periods off the device
- * there with synchronous moves until it is not: at every kernel the
- * periods that cover it hold M[k] - active[k] bytes, so with all of them
- * moved M'[k] = active[k] <= capacity (tio_plan_build refuses capacities
- * below max active_bytes).  Adds the predicted stall to *stall_ns. */
 static int sync_finish(fast *f, double *stall_ns)
 {
-    for (uint32_t k = 0; k < f->n; k++) {
-        while (f->res.planned[k] > f->capacity) {
-            sync_move m = sync_best(f, k, f->res.planned[k] - f->capacity);
-            if (!m.ok)
-                break; /* kind_mask keeps what is left on the device */
-            *stall_ns += m.stall_ns;
-            if (m.widen) {
-                sync_apply_widen(f, &m);
-                continue;
-            }
-            int rc = apply_booked(f, m.index, &m.pl, m.write_bytes, m.read_bytes);
-            if (rc)
-                return rc;
-        }
-    }
-    return 0;
+    tio_plan_sync sy = {
+        .trace = f->trace, .lt = f->lt, .capacity = f->capacity, .host_cap = f->host_cap,
+        .kind_mask = f->opt.kind_mask, .gbps = f->gbps, .res = &f->res, .win = &f->win,
+        .planner = f, .budget = op_budget, .walk_offload = op_walk_offload,
+        .walk_prefetch = op_walk_prefetch, .host_room = op_host_room, .place = op_place,
+        .uncover = op_uncover,
+    };
+    return tio_plan_sync_finish(&sy, stall_ns);
 }
 
 int tio_plan_build_teraio(const tio_trace *trace, const tio_lifetime *lt,

@@ -106,12 +106,12 @@ int tio_sim_run(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw
     tio_plan_options opt;
     tio_hw_plan_options(hw, &opt);
     if (strategy == TIO_SIM_TERAIO_ALG1) {
-        /* Algorithm 1's rules on the teraio planner's data structures: the
-         * same plan as TIO_PLANNER_ALG1 (tests/c/test_sim.c), in O(log^2
-         * kernels) a round instead of O(candidates x kernels). */
+        /* Algorithm 1's rules (with the authors' synchronous finish, the
+         * default: docs/baselines.md) on the teraio planner's data
+         * structures: the same plan as TIO_PLANNER_ALG1 (tests/c/test_sim.c),
+         * in O(log^2 kernels) a round instead of O(candidates x kernels). */
         opt.best_tier = false;
         opt.planned_stalls = false;
-        opt.synchronous_moves = false;
     } else if (strategy == TIO_SIM_FLASHNEURON) {
         /* activations only, SSD only, and none of teraio's synchronous moves:
          * FlashNeuron leaves what it cannot hide to on-demand swapping */

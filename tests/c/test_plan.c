@@ -98,12 +98,14 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Options of the hand-worked Algorithm 1 plans below. */
+/* Options of the hand-worked Algorithm 1 plans below: DESIGN.md's text,
+ * without the synchronous finish (tested on its own further down). */
 static tio_plan_options options(uint64_t capacity, double read_gbps, double write_gbps)
 {
     tio_plan_options o;
     tio_plan_options_default(&o);
     o.planner = TIO_PLANNER_ALG1;
+    o.synchronous_moves = false;
     o.capacity_bytes = capacity;
     o.ssd_read_gbps = read_gbps;
     o.ssd_write_gbps = write_gbps;
@@ -306,6 +308,7 @@ static void test_plan_fits_with_a_synchronous_move(void **state)
     tio_plan_options o = options(4500, 0.25, 1.0);
     o.planner = TIO_PLANNER_TERAIO;
     o.planned_stalls = false;
+    o.synchronous_moves = true;
     tio_plan *plan;
     assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
     assert_true(plan->fits);
@@ -321,13 +324,25 @@ static void test_plan_fits_with_a_synchronous_move(void **state)
      * default on; Algorithm 1 does not */
     o = options(2500, 0.25, 1.0);
     o.planner = TIO_PLANNER_TERAIO;
+    o.synchronous_moves = true;
     assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
     assert_true(plan->fits && plan->planned_peak_bytes == 2500 && plan->predicted_stall_ns > 0);
     assert_int_equal(tio_plan_check(plan, f->trace, f->lt), 0);
     tio_plan_destroy(plan);
     o.planner = TIO_PLANNER_ALG1;
+    o.synchronous_moves = false; /* DESIGN.md's Algorithm 1 stops above capacity */
     assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
     assert_false(plan->fits);
+    tio_plan_destroy(plan);
+    /* Algorithm 1 with the authors' rule (the default): the same finish as
+     * the first case above, the same plan */
+    o = options(4500, 0.25, 1.0);
+    o.synchronous_moves = true;
+    assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
+    assert_true(plan->fits);
+    assert_int_equal(plan->n_migrations, 2);
+    assert_migration(&plan->migrations[1], G, TIO_MIGRATION_PREFETCH, 5, 6, TIO_TIER_SSD, 500);
+    assert_int_equal(plan->predicted_stall_ns, 2000);
     tio_plan_destroy(plan);
 }
 
@@ -367,6 +382,7 @@ static void test_plan_fits_tight_bandwidth_llama(void **state)
                 tio_plan *ref, *plan;
                 assert_int_equal(tio_plan_build(t, lt, &o, &ref), 0);
                 o.planner = TIO_PLANNER_TERAIO;
+                o.synchronous_moves = true;
                 assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
                 if (!plan->fits)
                     fail_msg("%g GB/s, capacity %llu, host %d: planned %llu", gbps[g],
@@ -787,6 +803,7 @@ static void test_plan_random_traces_check(void **state)
         o.host_to_device_gbps = gbps[lcg(&seed) % 4];
         for (int planner = TIO_PLANNER_TERAIO; planner <= TIO_PLANNER_ALG1; planner++) {
             o.planner = (tio_planner)planner;
+            o.synchronous_moves = planner == TIO_PLANNER_TERAIO; /* alg1: DESIGN.md's text */
             tio_plan *plan;
             assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
             assert_true(plan->fits == (plan->planned_peak_bytes <= o.capacity_bytes));

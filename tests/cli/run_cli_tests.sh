@@ -157,7 +157,7 @@ fi
 expect_status "plan: capacity too small exits 1" 1 \
   "$teraio" plan "$work/plan.tio" --capacity 2000 -o "$work/small.plan"
 expect_one_line_error "plan: does not fit (alg1)" "$teraio" plan "$work/plan.tio" --capacity 4500 \
-  --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner alg1 -o "$work/nofit.plan"
+  --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner alg1 --no-synchronous-moves -o "$work/nofit.plan"
 if [ -s "$work/nofit.plan" ]; then
   passed=$((passed + 1))
 else
@@ -165,7 +165,11 @@ else
   echo "FAIL: plan: a plan that does not fit is still written" >&2
 fi
 expect_status "plan: does not fit exits 1 (alg1)" 1 "$teraio" plan "$work/plan.tio" --capacity 4500 \
-  --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner=alg1 -o "$work/nofit.plan"
+  --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner=alg1 --no-synchronous-moves -o "$work/nofit.plan"
+expect_status "plan: alg1 with the synchronous finish fits" 0 "$teraio" plan "$work/plan.tio" \
+  --capacity 4500 --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner alg1 -o "$work/fit.plan"
+expect_status "plan: teraio fits at the working-set floor" 0 "$teraio" plan "$work/plan.tio" \
+  --capacity 2500 --ssd-read-gbps 0.25 --ssd-write-gbps 1 -o "$work/floor.plan"
 expect_one_line_error "plan: unknown planner" "$teraio" plan "$work/plan.tio" --capacity 4500 \
   --planner greedy -o "$work/x.plan"
 expect_status "plan: unknown planner exits 2" 2 "$teraio" plan "$work/plan.tio" --capacity 4500 \
