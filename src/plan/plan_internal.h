@@ -86,10 +86,11 @@ typedef struct {
     void *planner;                 /* handed to the operations */
     /* bytes channel ch can still move over kernels [from, to) */
     uint64_t (*budget)(void *planner, int ch, uint64_t from, uint64_t to);
-    /* Algorithm 1's walks for per's s bytes on channel ch (planner.c) */
-    bool (*walk_offload)(void *planner, int ch, const tio_inactive_period *per, uint64_t *k_off);
-    bool (*walk_prefetch)(void *planner, int ch, const tio_inactive_period *per,
-                          uint64_t *k_pre);
+    /* Algorithm 1's walk for per's bytes on channel ch (planner.c): forward
+     * from the last use for an offload (*k = k_off), back from the next use
+     * for a prefetch (*k = k_pre); false if they do not fit in the period */
+    bool (*walk)(void *planner, int ch, bool offload, const tio_inactive_period *per,
+                 uint64_t *k);
     /* host memory holds per's bytes over [last_use + 1, next_use) */
     bool (*host_room)(void *planner, const tio_inactive_period *per);
     /* choose period i over [k_off, k_pre) on `tier`, booking write_bytes

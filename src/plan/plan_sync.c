@@ -73,9 +73,9 @@ static sync_move place(const tio_plan_sync *sy, uint32_t i, uint64_t ku, uint64_
     sync_move m = {.ok = true, .index = i, .tier = tier};
     uint64_t w = sy->budget(sy->planner, wch, a + 1, ku);
     uint64_t r = sy->budget(sy->planner, rch, e, b);
-    if (w < s || !sy->walk_offload(sy->planner, wch, per, &m.k_off))
+    if (w < s || !sy->walk(sy->planner, wch, true, per, &m.k_off))
         m.k_off = ku;
-    if (r < s || !sy->walk_prefetch(sy->planner, rch, per, &m.k_pre))
+    if (r < s || !sy->walk(sy->planner, rch, false, per, &m.k_pre))
         m.k_pre = e;
     m.write_bytes = w < s ? w : s;
     m.read_bytes = r < s ? r : s;

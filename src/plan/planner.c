@@ -149,25 +149,33 @@ static placement place(const planner *p, const tio_inactive_period *per)
 }
 
 /* Commit a placement: migrations, M', bandwidth, host tier. */
-/* Commit period i's placement: migrations, M', bandwidth (write_bytes
- * booked forward from the last use, read_bytes back from the next use: all
- * of s for a placement the walks found, less for a synchronous one), host
- * tier. */
-static int apply_booked(planner *p, uint32_t i, const placement *pl, uint64_t write_bytes,
-                        uint64_t read_bytes)
+/* M' -= bytes over [from, to). */
+static void uncover(void *q, uint64_t from, uint64_t to, uint64_t bytes)
 {
+    planner *p = q;
+    for (uint64_t k = from; k < to; k++)
+        p->res.planned[k % p->n] -= bytes;
+}
+
+/* Commit period i's placement over [k_off, k_pre) on `tier`: migrations,
+ * M', bandwidth (write_bytes booked forward from the last use, read_bytes
+ * back from the next use: all of s for a placement the walks found, less
+ * for a synchronous one), host tier. */
+static int apply_booked(void *q, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                        uint64_t write_bytes, uint64_t read_bytes)
+{
+    planner *p = q;
     const tio_inactive_period *per = &p->lt->periods[i];
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes, unused;
-    bool ssd = pl->tier == TIO_TIER_SSD;
-    int rc = tio_plan_choose(&p->res, &p->win, p->n, per, i, pl->k_off, pl->k_pre, pl->tier);
+    bool ssd = tier == TIO_TIER_SSD;
+    int rc = tio_plan_choose(&p->res, &p->win, p->n, per, i, k_off, k_pre, tier);
     if (rc)
         return rc;
     walk_offload(p->budget[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], p->n, a, b, write_bytes,
                  true, &unused);
     walk_prefetch(p->budget[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], p->n, a, b, read_bytes,
                   true, &unused);
-    for (uint64_t k = pl->k_off; k < pl->k_pre; k++)
-        p->res.planned[k % p->n] -= s;
+    uncover(p, k_off, k_pre, s);
     if (ssd) {
         p->res.bytes_to_ssd += s;
     } else {
@@ -226,7 +234,7 @@ static int plan_rounds(planner *p)
             break;
         alive[best_i] = false;
         uint64_t bytes = lt->periods[best_i].bytes;
-        rc = apply_booked(p, best_i, &best, bytes, bytes);
+        rc = apply_booked(p, best_i, best.k_off, best.k_pre, best.tier, bytes, bytes);
         if (rc)
             break;
     }
@@ -284,35 +292,14 @@ static uint64_t op_budget(void *q, int ch, uint64_t from, uint64_t to)
     return sum;
 }
 
-static bool op_walk_offload(void *q, int ch, const tio_inactive_period *per, uint64_t *k_off)
+static bool op_walk(void *q, int ch, bool offload, const tio_inactive_period *per, uint64_t *k)
 {
     planner *p = q;
-    return walk_offload(p->budget[ch], p->n, per->last_use, per->next_use, per->bytes, false,
-                        k_off);
-}
-
-static bool op_walk_prefetch(void *q, int ch, const tio_inactive_period *per, uint64_t *k_pre)
-{
-    planner *p = q;
-    return walk_prefetch(p->budget[ch], p->n, per->last_use, per->next_use, per->bytes, false,
-                         k_pre);
+    return (offload ? walk_offload : walk_prefetch)(p->budget[ch], p->n, per->last_use,
+                                                    per->next_use, per->bytes, false, k);
 }
 
 static bool op_host_room(void *q, const tio_inactive_period *per) { return host_has_room(q, per); }
-
-static int op_place(void *q, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
-                    uint64_t write_bytes, uint64_t read_bytes)
-{
-    placement pl = {.ok = true, .tier = tier, .k_off = k_off, .k_pre = k_pre};
-    return apply_booked(q, i, &pl, write_bytes, read_bytes);
-}
-
-static void op_uncover(void *q, uint64_t from, uint64_t to, uint64_t bytes)
-{
-    planner *p = q;
-    for (uint64_t k = from; k < to; k++)
-        p->res.planned[k % p->n] -= bytes;
-}
 
 int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
                         const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out)
@@ -327,9 +314,8 @@ int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
         tio_plan_sync sy = {
             .trace = trace, .lt = lt, .capacity = p.capacity, .host_cap = p.host_cap,
             .gbps = p.gbps, .res = &p.res, .win = &p.win, .planner = &p,
-            .budget = op_budget, .walk_offload = op_walk_offload,
-            .walk_prefetch = op_walk_prefetch, .host_room = op_host_room, .place = op_place,
-            .uncover = op_uncover,
+            .budget = op_budget, .walk = op_walk, .host_room = op_host_room,
+            .place = apply_booked, .uncover = uncover,
         };
         rc = tio_plan_sync_finish(&sy, &stall_ns);
     }

@@ -539,23 +539,32 @@ static placement place(const fast *f, const tio_inactive_period *per, uint64_t *
     return host.ok && h > s ? host : ssd;
 }
 
-/* Commit period i's placement: its migrations, the bandwidth it books on
- * each channel (all of s for a placement the walks found; less for a
- * synchronous one, whose rest is stall), M', the host tier. */
-static int apply_booked(fast *f, uint32_t i, const placement *pl, uint64_t write_bytes,
-                        uint64_t read_bytes)
+/* M' -= bytes over [from, to), in the array and the over-capacity tree. */
+static void uncover(void *p, uint64_t from, uint64_t to, uint64_t bytes)
 {
+    fast *f = p;
+    for (uint64_t k = from; k < to; k++)
+        f->res.planned[k % f->n] -= bytes;
+    ot_range_sub(&f->over, from, to, bytes);
+}
+
+/* Commit period i's placement over [k_off, k_pre) on `tier`: its
+ * migrations, the bandwidth it books on each channel (all of s for a
+ * placement the walks found; less for a synchronous one, whose rest is
+ * stall), M', the host tier. */
+static int apply_booked(void *p, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                        uint64_t write_bytes, uint64_t read_bytes)
+{
+    fast *f = p;
     const tio_inactive_period *per = &f->lt->periods[i];
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
-    bool ssd = pl->tier == TIO_TIER_SSD;
-    int rc = tio_plan_choose(&f->res, &f->win, f->n, per, i, pl->k_off, pl->k_pre, pl->tier);
+    bool ssd = tier == TIO_TIER_SSD;
+    int rc = tio_plan_choose(&f->res, &f->win, f->n, per, i, k_off, k_pre, tier);
     if (rc)
         return rc;
     ch_book_offload(&f->ch[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], a, write_bytes);
     ch_book_prefetch(&f->ch[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], b, read_bytes);
-    for (uint64_t k = pl->k_off; k < pl->k_pre; k++)
-        f->res.planned[k % f->n] -= s;
-    ot_range_sub(&f->over, pl->k_off, pl->k_pre, s);
+    uncover(f, k_off, k_pre, s);
     if (ssd) {
         f->res.bytes_to_ssd += s;
     } else {
@@ -563,12 +572,6 @@ static int apply_booked(fast *f, uint32_t i, const placement *pl, uint64_t write
         mt_range_add(&f->host, a + 1, b, s);
     }
     return 0;
-}
-
-static int apply(fast *f, uint32_t i, const placement *pl)
-{
-    uint64_t s = f->lt->periods[i].bytes;
-    return apply_booked(f, i, pl, s, s);
 }
 
 static bool movable(const fast *f, const tio_inactive_period *per)
@@ -611,7 +614,8 @@ static int fast_rounds(fast *f)
         for (uint32_t i = 0; i < n_popped; i++)
             if (popped[i].index != best.index)
                 heap_push(f, popped[i]);
-        rc = apply(f, best.index, &best_pl);
+        uint64_t bytes = lt->periods[best.index].bytes;
+        rc = apply_booked(f, best.index, best_pl.k_off, best_pl.k_pre, best_pl.tier, bytes, bytes);
     }
     free(popped);
     return rc;
@@ -750,43 +754,22 @@ static uint64_t op_budget(void *p, int ch, uint64_t from, uint64_t to)
     return from < to ? ch_F(&f->ch[ch], to) - ch_F(&f->ch[ch], from) : 0;
 }
 
-static bool op_walk_offload(void *p, int ch, const tio_inactive_period *per, uint64_t *k_off)
+static bool op_walk(void *p, int ch, bool offload, const tio_inactive_period *per, uint64_t *k)
 {
     const fast *f = p;
-    return ch_walk_offload(&f->ch[ch], per->last_use, per->next_use, per->bytes, k_off);
-}
-
-static bool op_walk_prefetch(void *p, int ch, const tio_inactive_period *per, uint64_t *k_pre)
-{
-    const fast *f = p;
-    return ch_walk_prefetch(&f->ch[ch], per->last_use, per->next_use, per->bytes, k_pre);
+    return (offload ? ch_walk_offload : ch_walk_prefetch)(&f->ch[ch], per->last_use,
+                                                          per->next_use, per->bytes, k);
 }
 
 static bool op_host_room(void *p, const tio_inactive_period *per) { return host_has_room(p, per); }
-
-static int op_place(void *p, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
-                    uint64_t write_bytes, uint64_t read_bytes)
-{
-    placement pl = {.ok = true, .tier = tier, .k_off = k_off, .k_pre = k_pre};
-    return apply_booked(p, i, &pl, write_bytes, read_bytes);
-}
-
-static void op_uncover(void *p, uint64_t from, uint64_t to, uint64_t bytes)
-{
-    fast *f = p;
-    for (uint64_t k = from; k < to; k++)
-        f->res.planned[k % f->n] -= bytes;
-    ot_range_sub(&f->over, from, to, bytes);
-}
 
 static int sync_finish(fast *f, double *stall_ns)
 {
     tio_plan_sync sy = {
         .trace = f->trace, .lt = f->lt, .capacity = f->capacity, .host_cap = f->host_cap,
         .kind_mask = f->opt.kind_mask, .gbps = f->gbps, .res = &f->res, .win = &f->win,
-        .planner = f, .budget = op_budget, .walk_offload = op_walk_offload,
-        .walk_prefetch = op_walk_prefetch, .host_room = op_host_room, .place = op_place,
-        .uncover = op_uncover,
+        .planner = f, .budget = op_budget, .walk = op_walk, .host_room = op_host_room,
+        .place = apply_booked, .uncover = uncover,
     };
     return tio_plan_sync_finish(&sy, stall_ns);
 }
