@@ -42,32 +42,29 @@ def test_unknown_planner_is_refused():
         Plan.build(trace, lt, 1095663, ssd_read_gbps=1.0, ssd_write_gbps=1.0, planner="fast")
 
 
-def test_synchronous_plan_runs_within_capacity_with_identical_losses(tmp_path):
-    # Issue 13 item 2 end to end: at the working-set floor with a slow
-    # disk, only synchronous moves make a plan fit; the runtime executes it
-    # (synchronous migrations wait at their kernel) and training is
-    # unchanged.  The measured resident peak is reported beside the capacity.
-    import torch
-    from conftest import TinyJob
+def test_synchronous_plan_runs_with_identical_losses(tmp_path, reference_losses, tiny_job):
+    # Issue 13 item 2 end to end: near the working-set floor with a slow
+    # disk, Algorithm 1 as DESIGN.md words it leaves memory above capacity;
+    # the default planner fits with a predicted stall, the runtime executes
+    # its late moves (they wait at their kernel) and training is unchanged.
     from teraio.core import Engine
     from teraio.torch import OffloadRuntime, Profiler
 
-    torch.use_deterministic_algorithms(True)
-    ref = TinyJob()
-    ref_losses = [ref.step(i).item() for i in range(len(ref.batches))]
-    job = TinyJob()
+    ref_losses, _ = reference_losses
+    job = tiny_job
     prof = Profiler(job.model, job.opt)
-    losses = []
-    for i in range(2):
+
+    def profiled(i):
         with prof.iteration():
-            losses.append(job.step(i).item())
+            return job.step(i).item()
+
+    losses = [profiled(i) for i in range(2)]
     trace = prof.trace()
     lt = Lifetime(trace)
     capacity = lt.max_active_bytes + (lt.peak_bytes - lt.max_active_bytes) // 10
-    alg1 = Plan.build(trace, lt, capacity, ssd_read_gbps=0.01, ssd_write_gbps=0.01, planner="alg1",
-                      synchronous_moves=False)
-    plan = Plan.build(trace, lt, capacity, ssd_read_gbps=0.01, ssd_write_gbps=0.01)
-    assert not alg1.fits
+    slow = dict(ssd_read_gbps=0.01, ssd_write_gbps=0.01)
+    assert not Plan.build(trace, lt, capacity, **slow, planner="alg1", synchronous_moves=False).fits
+    plan = Plan.build(trace, lt, capacity, **slow)
     assert plan.fits and plan.predicted_stall_ns > 0
     (tmp_path / "ssd").mkdir()
     engine = Engine([str(tmp_path / "ssd")], capacity_bytes=2 * lt.peak_bytes + (16 << 20))
@@ -78,5 +75,4 @@ def test_synchronous_plan_runs_within_capacity_with_identical_losses(tmp_path):
     stats = rt.stats()
     rt.close()
     assert losses == ref_losses
-    assert not stats["diverged"]
-    assert stats["bytes_offloaded"] > 0
+    assert not stats["diverged"] and stats["bytes_offloaded"] > 0
