@@ -100,7 +100,9 @@ typedef enum { TIO_PLANNER_TERAIO = 0, TIO_PLANNER_ALG1 = 1 } tio_planner;
 
 typedef struct {
     tio_planner planner;          /* default TIO_PLANNER_TERAIO */
-    uint64_t capacity_bytes;      /* device budget (required, > 0) */
+    uint64_t capacity_bytes;      /* device budget for the trace's tensors (required,
+                                     > 0): leave out what the runtime itself holds
+                                     on the device (staging buffers and the like) */
     double ssd_read_gbps;         /* aggregate SSD read bandwidth, GB/s (1e9 B/s) */
     double ssd_write_gbps;        /* aggregate SSD write bandwidth, GB/s */
     double host_to_device_gbps;   /* host tier channel; 0 = same as ssd_read */
