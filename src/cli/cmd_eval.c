@@ -44,9 +44,10 @@ static void eval_usage(FILE *f)
         "  --traces DIR paper: the suite directory (DIR/suite.txt, traces, hw.conf)\n"
         "  --hw FILE    hardware profile (paper default: DIR/hw.conf, the traces' own)\n"
         "  --svg DIR    paper: write fraction-of-ideal.svg and memory-timeline.svg\n"
-        "  --alg1-seconds S  paper: time the faithful Algorithm 1 (teraio plan\n"
-        "               --planner alg1) on Llama3-70B for at most S seconds while the\n"
-        "               rest runs (default 480; 0 skips it)\n"
+        "  --alg1-seconds S  paper: time the faithful Algorithm 1's greedy rounds\n"
+        "               (teraio plan --planner alg1 --no-synchronous-moves) on\n"
+        "               Llama3-70B for at most S seconds while the rest runs\n"
+        "               (default 480; 0 skips it)\n"
         "  --plan FILE  trace: also replay this plan\n"
         "  --strategy S trace: only this strategy\n");
 }

@@ -28,6 +28,11 @@ int tio_plan_build_teraio(const tio_trace *trace, const tio_lifetime *lt,
  * SSD channels, and their host channels with 0 meaning "as the SSD's". */
 void tio_plan_channel_gbps(const tio_plan_options *opt, double gbps[TIO_CH_N]);
 
+/* The most bytes one kernel's budget holds in a trace of n kernels, so that
+ * twice a channel's whole budget still fits in 64 bits (both planners cap
+ * alike, so that they make the same plans at any bandwidth). */
+#define TIO_PLAN_BUDGET_MAX(n) (UINT64_MAX / (4 * ((uint64_t)(n) + 1)))
+
 /* Bytes a channel of `gbps` moves in `ns`, rounded down, at most `max`. */
 uint64_t tio_plan_budget_bytes(double gbps, double ns, uint64_t max);
 

@@ -51,6 +51,9 @@ typedef struct {
     uint64_t capacity;
     uint64_t host_cap;
     uint64_t *budget[TIO_CH_N];    /* [n] bytes left per channel */
+    uint64_t *prefix[TIO_CH_N];    /* [n + 1] prefix sums of budget, for the
+                                      synchronous finish's range sums */
+    bool prefix_stale[TIO_CH_N];   /* budget changed since prefix was summed */
     uint64_t *host;                /* [n] bytes in the host tier */
     tio_plan_result res;           /* migrations, M' (res.planned) and totals */
     tio_plan_windows win;          /* the periods chosen, and their windows */
@@ -171,6 +174,8 @@ static int apply_booked(void *q, uint32_t i, uint64_t k_off, uint64_t k_pre, tio
     int rc = tio_plan_choose(&p->res, &p->win, p->n, per, i, k_off, k_pre, tier);
     if (rc)
         return rc;
+    p->prefix_stale[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE] = true;
+    p->prefix_stale[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ] = true;
     walk_offload(p->budget[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], p->n, a, b, write_bytes,
                  true, &unused);
     walk_prefetch(p->budget[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], p->n, a, b, read_bytes,
@@ -245,8 +250,10 @@ static int plan_rounds(planner *p)
 static void planner_free(planner *p)
 {
     free(p->res.planned);
-    for (int c = 0; c < TIO_CH_N; c++)
+    for (int c = 0; c < TIO_CH_N; c++) {
         free(p->budget[c]);
+        free(p->prefix[c]);
+    }
     free(p->host);
     free(p->res.migrations.m);
     tio_plan_windows_free(&p->win);
@@ -264,8 +271,11 @@ static int planner_init(planner *p, const tio_trace *trace, const tio_lifetime *
     p->res.planned = malloc((size_t)p->n * sizeof *p->res.planned);
     p->host = calloc(p->n, sizeof *p->host);
     bool ok = p->res.planned && p->host && !tio_plan_windows_init(&p->win, lt->n_periods);
-    for (int c = 0; c < TIO_CH_N; c++)
+    for (int c = 0; c < TIO_CH_N; c++) {
         ok = (p->budget[c] = malloc((size_t)p->n * sizeof *p->budget[c])) && ok;
+        ok = (p->prefix[c] = calloc((size_t)p->n + 1, sizeof *p->prefix[c])) && ok;
+        p->prefix_stale[c] = true;
+    }
     if (!ok) {
         planner_free(p);
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", p->n);
@@ -276,20 +286,28 @@ static int planner_init(planner *p, const tio_trace *trace, const tio_lifetime *
         for (int c = 0; c < TIO_CH_N; c++)
             p->budget[c][k] = tio_plan_budget_bytes(p->gbps[c],
                                                     (double)trace->kernels[k].duration_ns,
-                                                    UINT64_MAX);
+                                                    TIO_PLAN_BUDGET_MAX(p->n));
     }
     return 0;
 }
 
 /* ---- the synchronous finish's operations (plan_sync.c) --------------------- */
 
+/* Budget of unwrapped kernels [0, x), x <= 2n. */
+static uint64_t prefix_at(const planner *p, int ch, uint64_t x)
+{
+    return x <= p->n ? p->prefix[ch][x] : p->prefix[ch][p->n] + p->prefix[ch][x - p->n];
+}
+
 static uint64_t op_budget(void *q, int ch, uint64_t from, uint64_t to)
 {
-    const planner *p = q;
-    uint64_t sum = 0;
-    for (uint64_t k = from; k < to; k++)
-        sum += p->budget[ch][k % p->n];
-    return sum;
+    planner *p = q;
+    if (p->prefix_stale[ch]) {
+        for (uint32_t k = 0; k < p->n; k++)
+            p->prefix[ch][k + 1] = p->prefix[ch][k] + p->budget[ch][k];
+        p->prefix_stale[ch] = false;
+    }
+    return from < to ? prefix_at(p, ch, to) - prefix_at(p, ch, from) : 0;
 }
 
 static bool op_walk(void *q, int ch, bool offload, const tio_inactive_period *per, uint64_t *k)

@@ -170,7 +170,7 @@ static int ch_init(channel *c, uint32_t n, double gbps, const tio_trace *trace,
     for (uint32_t k = 0; k < n; k++) {
         /* 2 x the total must fit in 64 bits (ch_F over two iterations) */
         c->cell[k] = tio_plan_budget_bytes(gbps, (double)trace->kernels[k].duration_ns + extra_ns[k],
-                                           UINT64_MAX / (4 * ((uint64_t)n + 1)));
+                                           TIO_PLAN_BUDGET_MAX(n));
         c->fen[k + 1] += c->cell[k];
         uint32_t up = (k + 1) + ((k + 1) & -(k + 1));
         if (up <= n)
