@@ -41,7 +41,7 @@ test-tsan: deps
 	TIO_SOAK_SCALE=small ctest --test-dir build-tsan --output-on-failure -R '$(TSAN_TESTS)'
 
 test-fuzz: deps
-	@CC=clang cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON >/dev/null
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
 	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS)
 

@@ -195,7 +195,7 @@ tio_sim_fit_host_costs = _fn("tio_sim_fit_host_costs", c_int, TraceP, LifetimeP,
 # ---- engine -----------------------------------------------------------------
 class EngineOptions(Structure):
     _c_name = "tio_engine_options"
-    _fields_ = [("dirs", POINTER(c_char_p)), ("n_dirs", c_uint32), ("capacity_bytes", c_uint64),
+    _fields_ = [("dirs", POINTER(c_char_p)), ("n_dirs", c_uint32), ("space_bytes", c_uint64),
                 ("stripe_bytes", c_uint32), ("queue_depth", c_uint32), ("request_bytes", c_uint32),
                 ("backend", c_int), ("checksum", c_bool)]
 
@@ -287,7 +287,8 @@ class DataTokenizer(Structure):
 class DatasetOptions(Structure):
     _c_name = "tio_dataset_options"
     _fields_ = [("tokenizer", POINTER(DataTokenizer)), ("text_field", c_char_p), ("jsonl_errors", c_int),
-                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32)]
+                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32),
+                ("max_line_bytes", c_uint64), ("cache_bytes", c_uint64)]
 
 
 class LoaderOptions(Structure):
@@ -315,7 +316,7 @@ class DataSample(Structure):
 class SubdatasetInfo(Structure):
     _c_name = "tio_data_subdataset_info"
     _fields_ = [("name", c_char_p), ("n_files", c_uint32), ("n_docs", c_uint64), ("bytes", c_uint64),
-                ("n_tokens", c_uint64), ("lines_skipped", c_uint64)]
+                ("n_tokens", c_uint64), ("lines_skipped", c_uint64), ("n_empty_docs", c_uint64)]
 
 
 class DataPosition(Structure):
@@ -342,6 +343,10 @@ tio_loader_state = _fn("tio_loader_state", c_int, c_void_p, POINTER(c_void_p), P
 tio_loader_save = _fn("tio_loader_save", c_int, c_void_p, c_char_p)
 tio_loader_state_read = _fn("tio_loader_state_read", c_int, c_char_p, POINTER(c_void_p), POINTER(c_size_t))
 tio_loader_position = _fn("tio_loader_position", c_int, c_void_p, c_uint32, POINTER(DataPosition))
+tio_dataset_file_format = _fn("tio_dataset_file_format", c_char_p, c_void_p, c_uint32, c_uint32)
+tio_dataset_doc_location = _fn("tio_dataset_doc_location", c_int, c_void_p, c_uint32, c_uint32,
+                               c_uint64, POINTER(c_uint64), POINTER(c_uint64))
+tio_data_parquet_available = _fn("tio_data_parquet_available", c_bool, POINTER(c_char_p))
 
 
 def version() -> str:
