@@ -67,7 +67,7 @@ def test_synchronous_plan_runs_with_identical_losses(tmp_path, reference_losses,
     plan = Plan.build(trace, lt, capacity, **slow)
     assert plan.fits and plan.predicted_stall_ns > 0
     (tmp_path / "ssd").mkdir()
-    engine = Engine([str(tmp_path / "ssd")], capacity_bytes=2 * lt.peak_bytes + (16 << 20))
+    engine = Engine([str(tmp_path / "ssd")], space_bytes=2 * lt.peak_bytes + (16 << 20))
     rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
     for i in range(2, len(job.batches)):
         with rt.iteration():
