@@ -67,11 +67,14 @@ def test_synchronous_plan_runs_with_identical_losses(tmp_path, reference_losses,
     plan = Plan.build(trace, lt, capacity, **slow)
     assert plan.fits and plan.predicted_stall_ns > 0
     (tmp_path / "ssd").mkdir()
-    engine = Engine([str(tmp_path / "ssd")], space_bytes=2 * lt.peak_bytes + (16 << 20))
-    rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
-    for i in range(2, len(job.batches)):
+    rt = OffloadRuntime(job.model, job.opt, trace, plan,
+                        Engine([str(tmp_path / "ssd")], space_bytes=2 * lt.peak_bytes + (16 << 20)))
+
+    def offloaded(i):
         with rt.iteration():
-            losses.append(job.step(i).item())
+            return job.step(i).item()
+
+    losses += [offloaded(i) for i in range(2, len(job.batches))]
     stats = rt.stats()
     rt.close()
     assert losses == ref_losses
