@@ -125,11 +125,16 @@ tio_lifetime_analyze = _fn("tio_lifetime_analyze", c_int, TraceP, POINTER(Lifeti
 tio_lifetime_destroy = _fn("tio_lifetime_destroy", None, LifetimeP)
 
 # ---- plan -------------------------------------------------------------------
+PLANNERS = {"teraio": 0, "alg1": 1}
+
+
 class PlanOptions(Structure):
     _c_name = "tio_plan_options"
-    _fields_ = [("capacity_bytes", c_uint64), ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double),
-                ("host_to_device_gbps", c_double), ("device_to_host_gbps", c_double),
-                ("host_cap_bytes", c_uint64)]
+    _fields_ = [("planner", c_int), ("capacity_bytes", c_uint64), ("ssd_read_gbps", c_double),
+                ("ssd_write_gbps", c_double), ("host_to_device_gbps", c_double),
+                ("device_to_host_gbps", c_double), ("host_cap_bytes", c_uint64),
+                ("kind_mask", c_uint32), ("best_tier", c_bool), ("planned_stalls", c_bool),
+                ("synchronous_moves", c_bool)]
 
 
 class Migration(Structure):
@@ -144,7 +149,7 @@ class Plan(Structure):
                 ("n_migrations", c_uint32), ("migrations", POINTER(Migration)),
                 ("planned_memory_bytes", POINTER(c_uint64)), ("planned_peak_bytes", c_uint64),
                 ("peak_host_bytes", c_uint64), ("bytes_to_ssd", c_uint64), ("bytes_to_host", c_uint64),
-                ("fits", c_bool), ("plan_seconds", c_double)]
+                ("fits", c_bool), ("plan_seconds", c_double), ("predicted_stall_ns", c_uint64)]
 
 
 PlanP = POINTER(Plan)
@@ -154,6 +159,38 @@ tio_plan_destroy = _fn("tio_plan_destroy", None, PlanP)
 tio_plan_save = _fn("tio_plan_save", c_int, PlanP, c_char_p)
 tio_plan_load = _fn("tio_plan_load", c_int, c_char_p, POINTER(PlanP))
 tio_plan_check = _fn("tio_plan_check", c_int, PlanP, TraceP, LifetimeP)
+
+# ---- simulator --------------------------------------------------------------
+class Hw(Structure):
+    _c_name = "tio_hw"
+    _fields_ = [("name", ctypes.c_char * 64), ("capacity_bytes", c_uint64),
+                ("pcie_h2d_gbps", c_double), ("pcie_d2h_gbps", c_double), ("ssd_count", c_uint32),
+                ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double),
+                ("ssd_array_read_gbps", c_double), ("ssd_array_write_gbps", c_double),
+                ("ssd_latency_us", c_double), ("host_latency_us", c_double),
+                ("host_cap_bytes", c_uint64), ("cpu_adam_params_per_s", c_double),
+                ("gpu_matmul_tflops", c_double), ("gpu_vector_tflops", c_double),
+                ("gpu_mem_gbps", c_double), ("matmul_efficiency", c_double),
+                ("mem_efficiency", c_double), ("kernel_overhead_us", c_double),
+                ("host_overhead_us", c_double), ("migration_host_ns_per_byte", c_double)]
+
+
+class SimCalibration(Structure):
+    _c_name = "tio_sim_calibration"
+    _fields_ = [("calibration", PlanP), ("plan", PlanP), ("calibration_capacity_bytes", c_uint64),
+                ("capacity_bytes", c_uint64), ("empty_s", c_double), ("calibration_s", c_double),
+                ("measured_s", c_double), ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double)]
+
+
+class SimFit(Structure):
+    _c_name = "tio_sim_fit"
+    _fields_ = [("hw", Hw), ("kernel_scale", c_double), ("kernels_s", c_double),
+                ("simulated_s", c_double), ("measured_s", c_double), ("error", c_double)]
+
+
+tio_hw_load = _fn("tio_hw_load", c_int, c_char_p, POINTER(Hw))
+tio_sim_fit_host_costs = _fn("tio_sim_fit_host_costs", c_int, TraceP, LifetimeP,
+                             POINTER(SimCalibration), POINTER(SimFit))
 
 # ---- engine -----------------------------------------------------------------
 class EngineOptions(Structure):
