@@ -11,9 +11,10 @@ memory can be measured apart (teraio.demo.runs):
   with tensors moved to files under build/demo/ssd (or --ssd DIR ...) and
   back.  In the same process, on B's trace, run V — the simulator check
   (skipped with --validate-iterations 0): the job under an empty plan, a
-  calibration plan and B's plan in turn; `teraio eval demo` fits this CPU's
-  host costs to the first two and compares the simulated iteration time of
-  the third with the measured one (docs/eval.md).
+  calibration plan and B's plan in turn; teraio.core.fit_host_costs
+  (tio_sim_fit_host_costs) fits this CPU's host costs to the first two and
+  compares the simulated iteration time of the third with the measured one
+  (docs/eval.md).
 * with --sweep, instead of B: run S, the capacity sweep — the plans for 0.9,
   0.8, ... 0.1 of the peak, down to the working-set floor (`make
   demo-sweep`).

@@ -4,39 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
-from pathlib import Path
 
 from .job import say
-from .runs import NO_SIMULATOR
 
 
 def mib(x: float) -> str:
     return f"{x / 2**20:.1f} MiB"
-
-
-def teraio_bin() -> str | None:
-    """The teraio command: $TERAIO_BIN, the build tree's, or on PATH."""
-    import shutil
-    env = os.environ.get("TERAIO_BIN")
-    if env:
-        return env
-    built = Path(__file__).resolve().parents[3] / "build" / "bin" / "teraio"
-    return str(built) if built.exists() else shutil.which("teraio")
-
-
-def sim_check(summary_path: str) -> dict | None:
-    """`teraio eval demo SUMMARY --json`, or None where the command is
-    missing or fails (its message is shown)."""
-    exe = teraio_bin()
-    if not exe:
-        return None
-    r = subprocess.run([exe, "eval", "demo", summary_path, "--json"], capture_output=True, text=True)
-    if r.returncode != 0:
-        say(f"  simulator check                 {r.stderr.strip()}")
-        return None
-    return json.loads(r.stdout)
 
 
 def summary_of(args, a: dict, b: dict, t0: float) -> dict:
@@ -115,16 +89,13 @@ def report_demo(args, a: dict, b: dict, t0: float) -> int:
         f"(backend {b['backend']}, SSD {b['ssd_write_gbps']:.2f} GB/s write, {b['ssd_read_gbps']:.2f} GB/s read)")
     say(f"  losses identical                {summary['losses_identical']} over {n} iterations "
         f"(first {a['losses'][0]:.4f}, last {a['losses'][-1]:.4f})")
-    v = b.get("validation")
-    check, how = (v or {}).get("sim_check"), "host costs fitted in-process"
-    if v and (check is None or check.get("error") == NO_SIMULATOR):
-        check, how = sim_check(path), "teraio eval demo"
+    check = b["validation"]["sim_check"] if b.get("validation") else None
     if check and "error" in check:
         say(f"  simulator check                 {check['error']}")
     elif check:
         say(f"  simulator check                 simulated {check['simulated_s']:.3f} s, measured "
             f"{check['measured_s']:.3f} s per offloaded iteration ({100 * check['sim_vs_measured_error']:.1f}% "
-            f"off; {how})")
+            f"off; host costs fitted in-process)")
     say(f"  wrote {path} and {os.path.join(args.out, 'memory.svg')}")
     return 0 if summary["losses_identical"] else 1
 

@@ -174,11 +174,6 @@ def run_v(args, job, trace, lt, plan_r, dirs, gbps) -> dict:
             "ssd_read_gbps": gbps[0], "ssd_write_gbps": gbps[1]}
 
 
-# The host-cost fit comes in-process (teraio.core.fit_host_costs) with the
-# planner work of issue 11; until it is in the build, the sweep has no
-# simulated column and run V's check is `teraio eval demo`.
-NO_SIMULATOR = "no in-process simulator in this build"
-
 SWEEP_SHARES = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 SWEEP_CALIBRATION = 4  # iterations alternating the empty and the calibration plan
 
@@ -267,15 +262,13 @@ def simulate(trace, lt, cal_plan, plan, cal_capacity, capacity, cal_times, measu
     """The simulator's iteration time for `plan`, with this CPU's host costs
     fitted to the calibration (teraio.core.fit_host_costs, in-process), or
     why there is none."""
-    from .. import core
-    fit = getattr(core, "fit_host_costs", None)
-    if fit is None:
-        return {"error": NO_SIMULATOR}
     from .._lib import TeraioError
+    from ..core import fit_host_costs
     mean = lambda xs: sum(xs) / len(xs)
     try:
-        return fit(trace, lt, cal_plan, plan, calibration_capacity_bytes=cal_capacity, capacity_bytes=capacity,
-                   empty_s=mean(cal_times["E"]), calibration_s=mean(cal_times["C"]), measured_s=measured_s,
-                   ssd_read_gbps=gbps[0], ssd_write_gbps=gbps[1])
+        return fit_host_costs(trace, lt, cal_plan, plan, calibration_capacity_bytes=cal_capacity,
+                              capacity_bytes=capacity, empty_s=mean(cal_times["E"]),
+                              calibration_s=mean(cal_times["C"]), measured_s=measured_s,
+                              ssd_read_gbps=gbps[0], ssd_write_gbps=gbps[1])
     except TeraioError as e:
         return {"error": str(e)}
