@@ -10,18 +10,8 @@ import pytest
 import torch
 
 import teraio.torch
-from teraio import _lib as L
 
 transformers = pytest.importorskip("transformers")
-
-# Until the planner makes a fitting plan whenever the capacity is above the
-# working-set floor (synchronous moves, issue 13 item 2), the plans at a
-# quarter of the peak may not fit (it depends on the measured kernel times
-# and bandwidth).  With that planner in, the condition is false and
-# these are plain tests.
-_OLD_PLANNER = "synchronous_moves" not in dict(L.PlanOptions._fields_)
-_NEEDS_FIT_ABOVE_FLOOR = pytest.mark.xfail(_OLD_PLANNER, strict=False,
-                                           reason="needs the planner that fits above the floor")
 
 STEPS = 5
 SEQ, BATCH, VOCAB = 32, 4, 256
@@ -106,9 +96,8 @@ def plain_runs():
     return {kind: train(kind, tiny_batches()) for kind in ("llama", "granite", "gpt2")}
 
 
-@pytest.mark.parametrize("kind, share", [
-    ("llama", 0.5), ("granite", 0.5), ("gpt2", 0.5),
-    *(pytest.param(kind, 0.25, marks=_NEEDS_FIT_ABOVE_FLOOR) for kind in ("llama", "granite", "gpt2"))])
+@pytest.mark.parametrize("kind", ["llama", "granite", "gpt2"])
+@pytest.mark.parametrize("share", [0.5, 0.25])
 def test_hf_model_offloaded_is_bit_identical_within_capacity(kind, share, plain_runs, ssd_dir):
     offloaded = train(kind, tiny_batches(), {"capacity": share, "ssd": [ssd_dir]})
     assert_same(plain_runs[kind], offloaded)
