@@ -103,7 +103,7 @@ def test_capacity_sweep(tmp_path):
     within the capacity where the plan fits, and the exit code says whether
     every plan fitted."""
     out = tmp_path / "sweep"
-    r = run_demo("--out", str(out), *TINY, "--sweep", "--sweep-iterations", "2")
+    r = run_demo("--out", str(out), *TINY, "--sweep", "--sweep-iterations", "1")
     s = json.loads((out / "sweep.json").read_text())
     rows = s["rows"]
     assert [row["share"] for row in rows] == [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]

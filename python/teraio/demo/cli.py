@@ -83,8 +83,8 @@ def check_args(args) -> str | None:
         return "--iterations must be >= 4"
     if args.validate_iterations < 0 or args.validate_iterations % 3:
         return "--validate-iterations must be 0 or a positive multiple of 3"
-    if args.sweep_iterations < 2:
-        return "--sweep-iterations must be >= 2"
+    if args.sweep_iterations < 1:
+        return "--sweep-iterations must be >= 1"
     for name in ("dim", "layers", "heads", "ffn_dim", "seq_len", "batch"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
@@ -127,8 +127,8 @@ def main(argv=None) -> int:
                     help="capacity of the simulator check's calibration plan, as a share of the peak")
     ap.add_argument("--sweep", action="store_true",
                     help="instead of run B: the capacity sweep, 0.9 .. 0.1 of the peak (make demo-sweep)")
-    ap.add_argument("--sweep-iterations", type=int, default=3,
-                    help="iterations per capacity of the sweep (>= 2; default 3)")
+    ap.add_argument("--sweep-iterations", type=int, default=2,
+                    help="rounds per capacity of the sweep, four iterations each (default 2)")
     ap.add_argument("--child", choices=["A", "B", "S"], help=argparse.SUPPRESS)
     ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--peak-bytes", type=int, help=argparse.SUPPRESS)

@@ -8,9 +8,10 @@
   under build/demo/ssd (or --ssd DIR ...).  Then, in the same process and
   on B's trace (one profiling loop for both), run V: the simulator check,
   iterations under an empty plan, a calibration plan and B's plan in turn.
-* run S (--sweep) — one profile, a host-cost calibration, then iterations
-  under plans for 0.9, 0.8, ... 0.1 of run A's peak, down to the
-  working-set floor.
+* run S (--sweep) — one profile, then for each of 0.9, 0.8, ... 0.1 of run
+  A's peak, down to the working-set floor, iterations without teraio, under
+  the simulator check's two calibration plans and under the share's plan,
+  in turn.
 
 Each returns a dict the parent writes into the report (teraio.demo.report).
 """
@@ -175,22 +176,33 @@ def run_v(args, job, trace, lt, plan_r, dirs, gbps) -> dict:
 
 
 SWEEP_SHARES = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
-SWEEP_CALIBRATION = 4  # iterations alternating the empty and the calibration plan
+SWEEP_PHASES = "PECR"  # plain, empty plan, calibration plan, the share's plan
 
 
 def sweep_iterations(args) -> int:
     """Iterations run S trains at most (run A trains as many; shares below
     the floor are skipped, and run S then trains fewer)."""
-    return 2 + SWEEP_CALIBRATION + len(SWEEP_SHARES) * args.sweep_iterations
+    return 2 + len(SWEEP_SHARES) * len(SWEEP_PHASES) * args.sweep_iterations
+
+
+def plain_iteration(job, i: int) -> tuple[float, float]:
+    """Iteration i without teraio: (seconds, loss)."""
+    t0 = time.perf_counter()
+    loss = job.step(i)
+    return time.perf_counter() - t0, loss.item()
 
 
 def run_s(args) -> dict:
-    """The capacity sweep.  One profile (iterations 0 and 1), a host-cost
-    calibration (the empty plan and the calibration plan in turn), then
-    --sweep-iterations iterations under the plan for each share of run A's
-    peak (--peak-bytes) from 0.9 down, skipping shares below the trace's
-    working-set floor; the model trains on throughout, so every iteration's
-    loss has its twin in run A."""
+    """The capacity sweep.  One profile (iterations 0 and 1), then for each
+    share of run A's peak (--peak-bytes) from 0.9 down, skipping shares
+    below the trace's working-set floor, --sweep-iterations rounds of four
+    iterations: P (no teraio: the time to compare with), E and C (the empty
+    and the calibration plan: this CPU's host costs, fitted as run V does)
+    and R (the share's plan), each plan under a fresh OffloadRuntime, so
+    every R iteration is a first iteration after the hand-over.  Taking them
+    in turn lets the slow and fast spells of a shared machine fall on all
+    four alike.  The model trains on throughout, so every iteration's loss
+    has its twin in run A."""
     from ..core import Engine, Lifetime
     from ..torch import OffloadRuntime, Profiler
     job = Job(args)
@@ -209,53 +221,50 @@ def run_s(args) -> dict:
     gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
     plan_for = plans_for(trace, lt, args, gbps)
     cal_capacity = int(lt.peak_bytes * args.validate_capacity_fraction)
-    cal = {"E": plan_for(4 * lt.peak_bytes), "C": plan_for(cal_capacity)}
-    cal_times = {"E": [], "C": []}
-    i = 2
-    for j in range(SWEEP_CALIBRATION):
-        phase = "EC"[j % 2]
-        progress(f"sweep: calibration iteration {j + 1}/{SWEEP_CALIBRATION} (plan {phase})")
-        rt = OffloadRuntime(job.model, job.opt, trace, cal[phase], engine)
-        dt, loss = timed_iteration(job, i, rt)
-        rt.close()
-        cal_times[phase].append(dt)
-        losses.append(loss)
-        i += 1
+    plans = {"E": plan_for(4 * lt.peak_bytes), "C": plan_for(cal_capacity)}
     rows = []
     for share in SWEEP_SHARES:
         capacity = int(args.peak_bytes * share)
-        row = {"share": share, "capacity_bytes": capacity}
+        row = {"share": share, "capacity_bytes": capacity, "first_iteration": len(losses)}
+        rows.append(row)
         if capacity < lt.max_active_bytes:
             row["skipped"] = f"below the working-set floor of {lt.max_active_bytes} bytes"
-        else:
-            plan = plan_for(capacity)
-            rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
-            times = []
-            for j in range(args.sweep_iterations):
-                progress(f"sweep: {share:g} of the peak, iteration {j + 1}/{args.sweep_iterations}")
-                dt, loss = timed_iteration(job, i + j, rt)
-                times.append(dt)
+            continue
+        plans["R"] = plan_for(capacity)
+        times = {k: [] for k in SWEEP_PHASES}
+        stats = []
+        for j in range(args.sweep_iterations):
+            for phase in SWEEP_PHASES:
+                progress(f"sweep: {share:g} of the peak, round {j + 1}/{args.sweep_iterations} ({phase})")
+                if phase == "P":
+                    dt, loss = plain_iteration(job, len(losses))
+                else:
+                    rt = OffloadRuntime(job.model, job.opt, trace, plans[phase], engine)
+                    dt, loss = timed_iteration(job, len(losses), rt)
+                    if phase == "R":
+                        stats.append(rt.stats())
+                    rt.close()
+                times[phase].append(dt)
                 losses.append(loss)
-            st = rt.stats()
-            rt.close()
-            steady = times[1:] or times
-            row.update({"planned_peak_bytes": plan.planned_peak_bytes, "fits": bool(plan.fits),
-                        "migrations": plan.n_migrations, "peak_resident_bytes": st["peak_resident_bytes"],
-                        "over_capacity_kernels": st["over_capacity_kernels"],
-                        "bytes_moved_per_iteration": (st["bytes_offloaded"] + st["bytes_prefetched"]
-                                                      + st["bytes_fetched_urgent"]) / len(times),
-                        "stalls": st["stalls"], "stall_s": st["stall_ns"] / 1e9,
-                        "diverged_iterations": st["diverged_iterations"],
-                        "iter_time_s": sum(steady) / len(steady), "times": times})
-            row["simulator"] = simulate(trace, lt, cal["C"], plan, cal_capacity, capacity, cal_times,
-                                        row["iter_time_s"], gbps)
-            i += args.sweep_iterations
-        rows.append(row)
+        mean = lambda xs: sum(xs) / len(xs)
+        total = lambda key: sum(st[key] for st in stats)
+        plan = plans["R"]
+        row.update({"planned_peak_bytes": plan.planned_peak_bytes, "fits": bool(plan.fits),
+                    "migrations": plan.n_migrations,
+                    "peak_resident_bytes": max(st["peak_resident_bytes"] for st in stats),
+                    "over_capacity_kernels": total("over_capacity_kernels"),
+                    "bytes_moved_per_iteration": (total("bytes_offloaded") + total("bytes_prefetched")
+                                                  + total("bytes_fetched_urgent")) / len(stats),
+                    "stalls": total("stalls"), "stall_s": total("stall_ns") / 1e9,
+                    "diverged_iterations": total("diverged_iterations"),
+                    "iter_time_s": mean(times["R"]), "iter_time_no_offload_s": mean(times["P"]),
+                    "n_iterations": len(losses) - row["first_iteration"], "times": times})
+        row["simulator"] = simulate(trace, lt, plans["C"], plan, cal_capacity, capacity, times,
+                                    row["iter_time_s"], gbps)
     backend = engine.backend
     engine.close()
     return {"rows": rows, "losses": losses, "peak_bytes": lt.peak_bytes, "floor_bytes": lt.max_active_bytes,
-            "calibration_times_s": cal_times, "ssd_read_gbps": gbps[0], "ssd_write_gbps": gbps[1],
-            "backend": backend}
+            "ssd_read_gbps": gbps[0], "ssd_write_gbps": gbps[1], "backend": backend}
 
 
 def simulate(trace, lt, cal_plan, plan, cal_capacity, capacity, cal_times, measured_s, gbps) -> dict:
