@@ -114,7 +114,7 @@ def sweep_rows(a: dict, s: dict) -> list[dict]:
     return rows
 
 
-def sweep_table(rows: list[dict], a: dict) -> str:
+def sweep_table(rows: list[dict]) -> str:
     """The README's table (markdown)."""
     out = ["| capacity (share of peak) | planned peak | measured resident peak | moved per iteration "
            "| stalls | iteration time vs no offloading | simulated / measured iteration | losses identical |",
@@ -126,7 +126,8 @@ def sweep_table(rows: list[dict], a: dict) -> str:
             continue
         sim = r["simulator"]
         sim_text = (f"{sim['simulated_s']:.3f} s / {r['iter_time_s']:.3f} s "
-                    f"({100 * sim['sim_vs_measured_error']:+.1f}%)" if "error" not in sim else sim["error"])
+                    f"({100 * sim['sim_vs_measured_error']:+.1f}%)" if "error" not in sim
+                    else "no fit (sweep.json says why)")
         fit = "" if r["fits"] else " (does not fit)"
         out.append(f"{head} | {mib(r['planned_peak_bytes'])}{fit} | {mib(r['peak_resident_bytes'])} | "
                    f"{mib(r['bytes_moved_per_iteration'])} | {r['stalls']} ({r['stall_s']:.3f} s) | "
@@ -141,7 +142,7 @@ def report_sweep(args, a: dict, s: dict, t0: float) -> int:
     from ..svg import line_chart
     rows = sweep_rows(a, s)
     ran = [r for r in rows if "skipped" not in r]
-    table = sweep_table(rows, a)
+    table = sweep_table(rows)
     out = {"peak_bytes_no_offload": a["peak_bytes"], "floor_bytes": s["floor_bytes"],
            "rows": rows, "backend": s["backend"],
            "ssd_read_gbps_measured": s["ssd_read_gbps"], "ssd_write_gbps_measured": s["ssd_write_gbps"],
