@@ -48,36 +48,42 @@ def hf_step(model, opt, batch):
     return loss
 
 
-def train(kind, batches, off_options=None):
-    """Losses, model and optimizer after training on `batches`, with
-    teraio.torch.offload(**off_options) around each step when given (then
-    also its report)."""
+def run_loop(step, batches, kind="llama", off_options=None, between=None, model_setup=None):
+    """Run `step(model, opt, batch) -> loss` over `batches` on a fresh
+    model of `kind`, inside teraio.torch.offload(**off_options) steps when
+    given; `between(model, opt, i)` runs after step i, outside it.  Returns
+    losses, the values `between` returned, model, optimizer and the offload
+    report (None without teraio)."""
     model = tiny_model(kind)
+    if model_setup:
+        model_setup(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     off = teraio.torch.offload(model, opt, **off_options) if off_options else None
-    losses = []
-    for b in batches:
+    losses, extra = [], []
+    for i, b in enumerate(batches):
         if off:
             with off.step():
-                loss = hf_step(model, opt, b)
+                loss = step(model, opt, b)
         else:
-            loss = hf_step(model, opt, b)
+            loss = step(model, opt, b)
         losses.append(loss.item())
-    report = None
+        if between:
+            extra.append(between(model, opt, i))
+    report = off.report() if off else None
     if off:
-        report = off.report()
         off.close()
-    return losses, model, opt, report
+    return losses, extra, model, opt, report
 
 
 def assert_same(a, b):
-    la, ma, oa = a[:3]
-    lb, mb, ob = b[:3]
-    assert la == lb  # bit for bit
-    for (name, p), q in zip(ma.named_parameters(), mb.parameters()):
+    """Two run_loop results: the same losses, values between steps,
+    parameters and optimizer state, bit for bit."""
+    assert a[0] == b[0]
+    assert a[1] == b[1]
+    for (name, p), q in zip(a[2].named_parameters(), b[2].parameters()):
         assert torch.equal(p, q), name
-        for k, v in oa.state[p].items():
-            assert torch.equal(v, ob.state[q][k]), (name, k)
+        for k, v in a[3].state[p].items():
+            assert torch.equal(v, b[3].state[q][k]), (name, k)
 
 
 def assert_within_capacity(report):
@@ -93,15 +99,15 @@ def assert_within_capacity(report):
 def plain_runs():
     """The reference training of each model, without teraio (computed once)."""
     torch.use_deterministic_algorithms(True)
-    return {kind: train(kind, tiny_batches()) for kind in ("llama", "granite", "gpt2")}
+    return {kind: run_loop(hf_step, tiny_batches(), kind) for kind in ("llama", "granite", "gpt2")}
 
 
 @pytest.mark.parametrize("kind", ["llama", "granite", "gpt2"])
 @pytest.mark.parametrize("share", [0.5, 0.25])
 def test_hf_model_offloaded_is_bit_identical_within_capacity(kind, share, plain_runs, ssd_dir):
-    offloaded = train(kind, tiny_batches(), {"capacity": share, "ssd": [ssd_dir]})
+    offloaded = run_loop(hf_step, tiny_batches(), kind, {"capacity": share, "ssd": [ssd_dir]})
     assert_same(plain_runs[kind], offloaded)
-    report = offloaded[3]
+    report = offloaded[4]
     assert_within_capacity(report)
     plan = report["plans"][0]
     assert plan["capacity_bytes"] == int(plan["peak_bytes"] * share)

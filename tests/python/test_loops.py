@@ -12,7 +12,8 @@ import torch
 
 import teraio.torch
 
-from test_hf_models import STEPS, assert_within_capacity, hf_step as plain_step, tiny_batches, tiny_model
+from test_hf_models import STEPS, assert_same, assert_within_capacity, hf_step as plain_step, run_loop, \
+    tiny_batches, tiny_model
 
 pytest.importorskip("transformers")
 
@@ -24,39 +25,9 @@ def deterministic():
     torch.use_deterministic_algorithms(True)
 
 
-def run_loop(step, batches, ssd_dir=None, between=None, model_setup=None, steps=None):
-    """Run `step(model, opt, batch) -> loss` over `batches`, offloaded when
-    `ssd_dir` is given; `between(model, i)` runs after step i, outside it.
-    Returns losses, the values `between` returned, model, optimizer and the
-    offload report (None without teraio)."""
-    model = tiny_model("llama")
-    if model_setup:
-        model_setup(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    off = teraio.torch.offload(model, opt, capacity=SHARE, ssd=[ssd_dir]) if ssd_dir else None
-    losses, extra = [], []
-    for i, b in enumerate(batches):
-        if off:
-            with off.step():
-                loss = step(model, opt, b)
-        else:
-            loss = step(model, opt, b)
-        losses.append(loss.item())
-        if between:
-            extra.append(between(model, opt, i))
-    report = off.report() if off else None
-    if off:
-        off.close()
-    return losses, extra, model, opt, report
-
-
-def assert_loops_equal(a, b):
-    assert a[0] == b[0]  # losses, bit for bit
-    assert a[1] == b[1]
-    for p, q in zip(a[2].parameters(), b[2].parameters()):
-        assert torch.equal(p, q)
-        for k, v in a[3].state[p].items():
-            assert torch.equal(v, b[3].state[q][k])
+def options(ssd_dir):
+    """teraio.torch.offload's options for these loops."""
+    return {"capacity": SHARE, "ssd": [ssd_dir]}
 
 
 def test_gradient_accumulation(ssd_dir):
@@ -71,8 +42,8 @@ def test_gradient_accumulation(ssd_dir):
 
     batches = [tiny_batches(4, seed=10 + i) for i in range(STEPS)]
     plain = run_loop(step, batches)
-    off = run_loop(step, batches, ssd_dir)
-    assert_loops_equal(plain, off)
+    off = run_loop(step, batches, off_options=options(ssd_dir))
+    assert_same(plain, off)
     assert_within_capacity(off[4])
 
 
@@ -83,8 +54,8 @@ def test_activation_checkpointing(ssd_dir):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
     plain = run_loop(plain_step, tiny_batches(), model_setup=setup)
-    off = run_loop(plain_step, tiny_batches(), ssd_dir, model_setup=setup)
-    assert_loops_equal(plain, off)
+    off = run_loop(plain_step, tiny_batches(), off_options=options(ssd_dir), model_setup=setup)
+    assert_same(plain, off)
     assert_within_capacity(off[4])
 
 
@@ -100,8 +71,8 @@ def test_autocast_bfloat16(ssd_dir):
         return loss
 
     plain = run_loop(step, tiny_batches())
-    off = run_loop(step, tiny_batches(), ssd_dir)
-    assert_loops_equal(plain, off)
+    off = run_loop(step, tiny_batches(), off_options=options(ssd_dir))
+    assert_same(plain, off)
     assert_within_capacity(off[4])
 
 
@@ -119,8 +90,8 @@ def test_eval_between_steps(ssd_dir):
         return loss
 
     plain = run_loop(plain_step, tiny_batches(), between=evaluate)
-    off = run_loop(plain_step, tiny_batches(), ssd_dir, between=evaluate)
-    assert_loops_equal(plain, off)
+    off = run_loop(plain_step, tiny_batches(), off_options=options(ssd_dir), between=evaluate)
+    assert_same(plain, off)
     assert_within_capacity(off[4])
 
 
@@ -140,8 +111,8 @@ def test_checkpoint_while_offloaded_and_resume(ssd_dir):
 
     batches = tiny_batches(7)
     plain = run_loop(plain_step, batches, between=checkpoint)
-    off = run_loop(plain_step, batches, ssd_dir, between=checkpoint)
-    assert_loops_equal(plain, off)
+    off = run_loop(plain_step, batches, off_options=options(ssd_dir), between=checkpoint)
+    assert_same(plain, off)
     ref, ck = (torch.load(io.BytesIO(saved[i])) for i in (0, 1))
     for k, v in ref["model"].items():
         assert torch.equal(ck["model"][k], v), k
@@ -173,8 +144,8 @@ def test_new_sequence_is_profiled_and_its_plan_kept(ssd_dir):
     long, short = tiny_batches(6, seq=32), tiny_batches(6, seq=16, seed=2)
     batches = [b for pair in zip(long, short) for b in pair]
     plain = run_loop(plain_step, batches)
-    off = run_loop(plain_step, batches, ssd_dir)
-    assert_loops_equal(plain, off)
+    off = run_loop(plain_step, batches, off_options=options(ssd_dir))
+    assert_same(plain, off)
     r = off[4]
     assert (r["profiled_iterations"], r["reprofiles"], r["diverged_iterations"]) == (3, 1, 2)
     assert r["plan_switches"] == 5  # after steps 7, 8, 9, 10 and 11
