@@ -298,7 +298,7 @@ static void test_prefix_space_needs_one_more_id(void **state)
     assert_int_equal(tio_tok_max_ids(tok, 0), 0);
     assert_int_equal(tio_tok_max_ids(tok, 1), 2);
     assert_int_equal(tio_tok_max_ids(tok, 10), 11);
-    uint32_t ids[8];
+    uint32_t ids[16];
     size_t n;
     assert_int_equal(tio_tok_encode(tok, "c", 1, 0, ids, 1, &n), -ENOSPC);
     assert_int_equal(tio_tok_encode(tok, "c", 1, 0, ids, tio_tok_max_ids(tok, 1), &n), 0);
