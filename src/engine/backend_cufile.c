@@ -275,13 +275,25 @@ static void *worker_main(void *arg)
 
 /* ---- start / stop ------------------------------------------------------ */
 
-void tio_gds_enqueue(tio_gds *g, tio_chunk *c)
+/* All of a request's chunks of a directory are queued under one lock, so a
+ * thread that wakes finds them all and fills its batch. */
+void tio_gds_enqueue_request(tio_gds *g, tio_req *r)
 {
-    gds_dir *gd = &g->dirs[c->dir->index];
-    pthread_mutex_lock(&gd->mu);
-    tio_queue_push_back(&gd->q, c);
-    pthread_cond_signal(&gd->cv);
-    pthread_mutex_unlock(&gd->mu);
+    for (uint32_t di = 0; di < g->n_dirs; di++) {
+        gds_dir *gd = &g->dirs[di];
+        bool any = false;
+        pthread_mutex_lock(&gd->mu);
+        for (uint32_t i = 0; i < r->n_chunks; i++) {
+            tio_chunk *c = &r->chunks[i];
+            if (c->path == TIO_CHUNK_CUFILE && c->dir->index == di) {
+                tio_queue_push_back(&gd->q, c);
+                any = true;
+            }
+        }
+        if (any)
+            pthread_cond_broadcast(&gd->cv);
+        pthread_mutex_unlock(&gd->mu);
+    }
 }
 
 static void stop_dir(tio_gds *g, gds_dir *gd)

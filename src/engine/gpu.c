@@ -142,14 +142,13 @@ int tio_gpu_prepare_request(tio_engine *e, tio_req *r, uint8_t force_path)
 void tio_gpu_enqueue_request(tio_engine *e, tio_req *r)
 {
     tio_engine_gpu *g = e->gpu;
-    bool staged = false;
+    bool staged = false, cufile = false;
     for (uint32_t i = 0; i < r->n_chunks; i++) {
-        tio_chunk *c = &r->chunks[i];
-        if (c->path == TIO_CHUNK_CUFILE)
-            tio_gds_enqueue(g->gds, c);
-        else
-            staged = true;
+        staged |= r->chunks[i].path == TIO_CHUNK_STAGED;
+        cufile |= r->chunks[i].path == TIO_CHUNK_CUFILE;
     }
+    if (cufile)
+        tio_gds_enqueue_request(g->gds, r);
     if (staged)
         tio_staging_submit(g->staging, r);
 }
@@ -357,12 +356,15 @@ int tio_engine_gpu_attach_test(tio_engine *e, const tio_engine_gpu_options *in,
         return tio_fail(-ENODEV, "gpu: %s", tio_cuda_msg(rt, "cudaGetDevice", err, msg,
                                                          sizeof msg));
     }
+    int devices = 0;
+    if (rt->GetDeviceCount(&devices) != TIO_CUDA_SUCCESS)
+        devices = 0;
     if (opt.device < 0)
         opt.device = current;
-    if (opt.device >= info.devices || opt.device != current)
+    if (opt.device >= devices || opt.device != current)
         return tio_fail(-ENODEV, "gpu: device %d is not the calling thread's current device "
                         "(%d of %d): make it current first (torch.cuda.set_device)",
-                        opt.device, current, info.devices);
+                        opt.device, current, devices);
     tio_engine_gpu *g = calloc(1, sizeof *g);
     if (!g || !(g->dir_path = calloc(e->n_dirs, 1))) {
         free(g);

@@ -360,8 +360,9 @@ int tio_gds_start(struct tio_engine *e, tio_gds **out, char *why, size_t why_len
 void tio_gds_stop(struct tio_engine *e, tio_gds *g);
 /* Can directory `dir` use cuFile (its file registered)? */
 bool tio_gds_dir_usable(const tio_gds *g, uint32_t dir, const char **why);
-/* Queue a chunk for directory c->dir's cuFile threads (caller's thread). */
-void tio_gds_enqueue(tio_gds *g, struct tio_chunk *c);
+/* Queue the request's CUFILE chunks for their directories' cuFile threads
+ * (caller's thread). */
+void tio_gds_enqueue_request(tio_gds *g, struct tio_req *r);
 bool tio_gds_compat_mode(const tio_gds *g);
 const tio_cufile_api *tio_gds_api(const tio_gds *g);
 const char *tio_gds_describe(const tio_gds *g);

@@ -15,6 +15,10 @@
  *     cudaErrorInvalidValue, and an asynchronous copy to or from host memory
  *     that was not cudaHostRegister'ed is counted (real CUDA would run it
  *     synchronously: the ring must never cause one);
+ *   - standin_cuda_pause holds every stream, so tests can queue work in a
+ *     known order before any of it runs;
+ *   - standin_cuda_launch_gate queues a "kernel" that holds its stream
+ *     until the test opens it, so a test knows what ran before what;
  *   - standin_cuda_launch_fill queues a "kernel" on a stream that writes a
  *     byte over device memory after a delay, so tests can prove that copies
  *     wait for the compute stream.
@@ -40,7 +44,7 @@ typedef struct event {
     uint64_t recorded, completed;
 } event;
 
-typedef enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOSTFN, OP_FILL } op_kind;
+typedef enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOSTFN, OP_FILL, OP_GATE } op_kind;
 
 typedef struct op {
     struct op *next;
@@ -71,6 +75,9 @@ static range g_ranges[4096];
 static int g_n_ranges;
 static stream *g_legacy;
 static unsigned g_copy_delay_us;
+static bool g_paused;          /* streams start no operation while set */
+static uint64_t g_gates_opened; /* OP_GATE n passes once this reaches n */
+static uint64_t g_gates;
 static _Thread_local int t_device;
 static struct {
     unsigned long host_registers, host_unregisters, copies, pageable_copies, streams, events;
@@ -120,13 +127,14 @@ static void *stream_main(void *arg)
     pthread_mutex_lock(&g_mu);
     for (;;) {
         op *o = s->head;
-        if (!o) {
+        if (!o || g_paused) {
             if (s->stop)
                 break;
             pthread_cond_wait(&g_cv, &g_mu);
             continue;
         }
-        if (o->kind == OP_WAIT && o->ev->completed < o->gen) {
+        if ((o->kind == OP_WAIT && o->ev->completed < o->gen) ||
+            (o->kind == OP_GATE && g_gates_opened < o->gen)) {
             pthread_cond_wait(&g_cv, &g_mu);
             continue;
         }
@@ -492,6 +500,36 @@ API void standin_cuda_set_copy_delay_us(unsigned us)
 {
     pthread_mutex_lock(&g_mu);
     g_copy_delay_us = us;
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Hold every stream before its next operation (on) or let them go (off). */
+API void standin_cuda_pause(int on)
+{
+    pthread_mutex_lock(&g_mu);
+    g_paused = on;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* A "kernel" on `handle` that holds the stream until standin_cuda_open_gate
+ * is called (as often as gates were launched before it). */
+API int standin_cuda_launch_gate(void *handle)
+{
+    op *o = new_op(OP_GATE);
+    if (!o)
+        return INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    o->gen = ++g_gates;
+    pthread_mutex_unlock(&g_mu);
+    return enqueue(handle, o);
+}
+
+API void standin_cuda_open_gate(void)
+{
+    pthread_mutex_lock(&g_mu);
+    g_gates_opened++;
+    pthread_cond_broadcast(&g_cv);
     pthread_mutex_unlock(&g_mu);
 }
 

@@ -207,6 +207,31 @@ API cferr cuFileBufDeregister(const void *base)
     return r;
 }
 
+/* pread/pwrite on an O_DIRECT file whatever the alignment, as cuFile does
+ * for unaligned requests (its bounce buffers): an unaligned one goes
+ * through an aligned copy, a write by read-modify-write. */
+static ssize_t aligned_io(int fd, int write, char *p, size_t size, off_t off)
+{
+    if (((uintptr_t)p | (uintptr_t)off | size) % 4096 == 0)
+        return write ? pwrite(fd, p, size, off) : pread(fd, p, size, off);
+    off_t start = off & ~(off_t)4095;
+    size_t span = ((size_t)(off - start) + size + 4095) & ~(size_t)4095;
+    void *b;
+    if (posix_memalign(&b, 4096, span) != 0) {
+        errno = ENOMEM;
+        return -1;
+    }
+    ssize_t got = pread(fd, b, span, start);
+    if (got >= 0 && write) {
+        memcpy((char *)b + (off - start), p, size);
+        got = pwrite(fd, b, span, start);
+    } else if (got >= 0) {
+        memcpy(p, (char *)b + (off - start), size);
+    }
+    free(b);
+    return got < 0 ? -1 : (ssize_t)size;
+}
+
 /* One I/O; a planted failure answers instead of the disk. */
 static long long do_io(int fd, int write, char *p, size_t size, off_t off, int *status)
 {
@@ -215,11 +240,13 @@ static long long do_io(int fd, int write, char *p, size_t size, off_t off, int *
     bool planted = g.fail_nth && n == g.fail_nth;
     pthread_mutex_unlock(&g_mu);
     *status = ST_COMPLETE;
-    if (planted) {
+    if (planted && g.fail_status == ST_COMPLETE && g.fail_ret >= 0 && (size_t)g.fail_ret < size)
+        size = (size_t)g.fail_ret; /* a short transfer: only that much moves */
+    else if (planted) {
         *status = g.fail_status ? g.fail_status : ST_FAILED;
         return g.fail_ret;
     }
-    ssize_t got = write ? pwrite(fd, p, size, off) : pread(fd, p, size, off);
+    ssize_t got = aligned_io(fd, write, p, size, off);
     if (got < 0) {
         *status = ST_FAILED;
         return -errno;
@@ -413,7 +440,8 @@ API void standin_cufile_set(unsigned nvfs_major, unsigned nvfs_minor, unsigned c
     pthread_mutex_unlock(&g_mu);
 }
 
-/* The nth I/O from now (1-based) answers status/ret instead of the disk. */
+/* The nth I/O from now (1-based) answers status/ret instead of the disk;
+ * status COMPLETE with a ret below the size moves only ret bytes (short). */
 API void standin_cufile_fail_io(long nth, int status, long long ret)
 {
     pthread_mutex_lock(&g_mu);
