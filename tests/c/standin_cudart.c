@@ -78,7 +78,21 @@ static unsigned g_copy_delay_us;
 static bool g_paused;          /* streams start no operation while set */
 static uint64_t g_gates_opened; /* OP_GATE n passes once this reaches n */
 static uint64_t g_gates;
-static _Thread_local int t_device;
+/* The calling thread's current device (a key, not _Thread_local: LeakSanitizer
+ * trips over dynamic TLS in dlopen'ed libraries). */
+static pthread_key_t g_device_key;
+static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
+static void make_key(void) { pthread_key_create(&g_device_key, NULL); }
+static int current_device(void)
+{
+    pthread_once(&g_key_once, make_key);
+    return (int)(intptr_t)pthread_getspecific(g_device_key);
+}
+static void set_current_device(int d)
+{
+    pthread_once(&g_key_once, make_key);
+    pthread_setspecific(g_device_key, (void *)(intptr_t)d);
+}
 static struct {
     unsigned long host_registers, host_unregisters, copies, pageable_copies, streams, events;
     unsigned long bytes[5];
@@ -99,7 +113,7 @@ static int add_range(void *p, size_t n, int kind)
 {
     if (g_n_ranges == (int)(sizeof g_ranges / sizeof g_ranges[0]))
         return -1;
-    g_ranges[g_n_ranges++] = (range){p, n, kind, t_device};
+    g_ranges[g_n_ranges++] = (range){p, n, kind, current_device()};
     return 0;
 }
 
@@ -123,7 +137,7 @@ static void sleep_us(unsigned us)
 static void *stream_main(void *arg)
 {
     stream *s = arg;
-    t_device = s->device;
+    set_current_device(s->device);
     pthread_mutex_lock(&g_mu);
     for (;;) {
         op *o = s->head;
@@ -176,7 +190,7 @@ static stream *new_stream(void)
     stream *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->device = t_device;
+    s->device = current_device();
     if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
         free(s);
         return NULL;
@@ -231,7 +245,7 @@ API int cudaSetDevice(int d)
 {
     if (d < 0 || d >= ndevices())
         return INVALID_DEVICE;
-    t_device = d;
+    set_current_device(d);
     pthread_mutex_lock(&g_mu);
     if (d < 8)
         g_stats.devices_seen[d] = 1;
@@ -241,7 +255,7 @@ API int cudaSetDevice(int d)
 
 API int cudaGetDevice(int *d)
 {
-    *d = t_device;
+    *d = current_device();
     return OK;
 }
 

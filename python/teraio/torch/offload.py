@@ -29,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import _lib as L
+from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
 from ._ids import StorageIds, global_tensors, iter_tensors
 from .profiler import kernel_name
@@ -77,6 +78,27 @@ class _Mode(TorchDispatchMode):
         return out
 
 
+def _engine_takes_cuda(engine: Engine) -> bool:
+    """Give `engine` the current CUDA device (teraio.gpu.attach), so that it
+    moves CUDA storages itself: the C staging ring (pinned once, copies on
+    their own streams overlapped with disk I/O) or GPUDirect Storage, ordered
+    after the current stream by CUDA events.  False, with the reason logged,
+    where teraio cannot use CUDA: the Python staging callbacks (synchronous
+    copies through pinned buffers) then move the bytes."""
+    if _gpu.reason(engine):
+        return True  # attached by an earlier runtime on this engine
+    why = _gpu.unavailable_reason()
+    for path in ("auto", "staging") if why is None else ():
+        try:
+            _gpu.attach(engine, torch.cuda.current_device(), path=path)
+            log.info("teraio: CUDA tensors move in C: %s", _gpu.reason(engine))
+            return True
+        except L.TeraioError as e:  # auto refuses an engine that holds data
+            why = str(e)
+    log.warning("teraio: CUDA tensors go through Python staging copies: %s", why)
+    return False
+
+
 def _trace_globals_by_name(trace: Trace) -> dict[str, int] | None:
     """Trace id of each global tensor by name, or None when some global
     tensor has no name (a trace not made by Profiler): then ids follow
@@ -105,8 +127,9 @@ class OffloadRuntime:
                  staging: bool | None = None):
         """``staging``: move bytes through host staging buffers (pinned when
         CUDA is available) instead of letting the engine address the
-        tensors' memory.  Default: on when the model's tensors are not in CPU
-        memory (device memory without GPUDirect Storage)."""
+        tensors' memory.  Default: for CUDA tensors, off when the engine can
+        take a GPU (teraio.gpu: its C staging ring or GPUDirect Storage),
+        else on; on for other devices that are not the CPU."""
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
         self.k = 0
@@ -117,6 +140,9 @@ class OffloadRuntime:
         self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
         globals_ = global_tensors(model, optimizer)
         devices = {t.device.type for t, _, _ in globals_}
+        self._cuda_engine = None  # the engine moves CUDA memory itself (teraio.gpu)
+        if staging is None and devices == {"cuda"} and engine is not None and _engine_takes_cuda(engine):
+            self._cuda_engine, staging = engine, False
         if staging is None:
             staging = devices != {"cpu"}
         self.staging = staging
@@ -247,6 +273,8 @@ class OffloadRuntime:
         self._drain_deaths()
         self._ids.start_iteration()
         self.k = 0
+        if self._cuda_engine is not None:  # device requests wait for work queued on this stream
+            _gpu.set_stream(self._cuda_engine, torch.cuda.current_stream().cuda_stream)
         L.check(L.tio_runtime_iteration_begin(self._p))
         try:
             with self._mode:
