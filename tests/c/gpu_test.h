@@ -1,7 +1,7 @@
 /*
  * tests/c/gpu_test.h — what the GPU tests share: the stand-in libraries
- * (tests/c/standin_cudart.c, standin_cufile.c, built into $TIO_STANDIN_DIR
- * by CMake) put in place of libcudart and libcufile before teraio looks
+ * (tests/c/standin_cudart.c, standin_cufile.c, built by CMake into the
+ * folder TIO_STANDIN_DIR names, or the environment variable of that name) put in place of libcudart and libcufile before teraio looks
  * for them, their controls, "device" buffers, and engines over temporary
  * directories.  Include it once, from a test's .c file.
  */
@@ -82,7 +82,10 @@ static inline void *standin_sym(void *h, const char *name)
 static inline void use_standins(const char *cufile_variant)
 {
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/libtio_standin_cudart.so", TIO_STANDIN_DIR);
+    const char *dir = getenv("TIO_STANDIN_DIR"); /* a build carried to another machine */
+    if (!dir || !dir[0])
+        dir = TIO_STANDIN_DIR;
+    snprintf(path, sizeof path, "%s/libtio_standin_cudart.so", dir);
     setenv("TIO_CUDART_LIBRARY", path, 1);
     void *h = dlopen(path, RTLD_NOW);
     if (!h) {
@@ -107,7 +110,7 @@ static inline void use_standins(const char *cufile_variant)
         setenv("TIO_CUFILE_LIBRARY", "/nonexistent/libcufile.so.0", 1);
         return;
     }
-    snprintf(path, sizeof path, "%s/libtio_standin_cufile%s.so", TIO_STANDIN_DIR, cufile_variant);
+    snprintf(path, sizeof path, "%s/libtio_standin_cufile%s.so", dir, cufile_variant);
     setenv("TIO_CUFILE_LIBRARY", path, 1);
     if (!(h = dlopen(path, RTLD_NOW))) {
         fprintf(stderr, "%s\n", dlerror());

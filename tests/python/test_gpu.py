@@ -25,7 +25,8 @@ from teraio import gpu
 from teraio.core import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
-STANDIN = ROOT / "build" / "test-lib"
+BUILD = Path(L._find_library()).resolve().parents[1]  # build/, or the one TERAIO_LIBRARY names
+STANDIN = BUILD / "test-lib"
 HAS_CUDA = torch.cuda.is_available() and gpu.unavailable_reason() is None
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device: " + (
     "torch.cuda.is_available() is False" if not torch.cuda.is_available() else str(gpu.unavailable_reason())))
@@ -65,7 +66,7 @@ def test_attach_is_refused_with_the_reason_or_works(tmp_path):
 
 
 def test_version_lists_cuda_and_cufile():
-    out = subprocess.run([str(ROOT / "build" / "bin" / "teraio"), "version"], capture_output=True,
+    out = subprocess.run([str(BUILD / "bin" / "teraio"), "version"], capture_output=True,
                          text=True, check=True).stdout.splitlines()
     cuda = [line for line in out if line.startswith("cuda: ")]
     cufile = [line for line in out if line.startswith("cufile: ")]
