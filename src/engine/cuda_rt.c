@@ -31,6 +31,7 @@ static tio_cudart g_rt;
 static tio_cuda_info g_info;
 static bool g_ok;
 
+#if TIO_HAVE_CUDA
 /* The first already-loaded object whose file name starts with "libcudart.so". */
 static int find_loaded(struct dl_phdr_info *info, size_t size, void *data)
 {
@@ -89,6 +90,8 @@ static void *open_library(char *why, size_t why_len)
     return NULL;
 }
 
+#endif
+
 #define SYM(field, name) {(void **)&g_rt.field, name}
 
 static void load_once(void)
@@ -97,7 +100,7 @@ static void load_once(void)
 #if !TIO_HAVE_CUDA
     g_info.state = TIO_GPU_NOT_BUILT;
     snprintf(g_info.reason, sizeof g_info.reason,
-             "built without CUDA (configure found no CUDA toolkit; -DTIO_CUDA=ON requires one)");
+             "built without CUDA (no CUDA toolkit at configure time, or -DTIO_CUDA=OFF)");
     return;
 #else
     void *h = open_library(g_info.reason, sizeof g_info.reason);

@@ -152,6 +152,7 @@ const char *tio_cufile_msg(const char *call, tio_cufile_error e, char *buf, size
     return buf;
 }
 
+#if TIO_HAVE_CUDA
 /* The first loaded object named libcufile.so*, or libcudart's directory. */
 typedef struct {
     const char *prefix;
@@ -234,6 +235,8 @@ static void *open_library(void)
         );
     return h;
 }
+
+#endif
 
 #define SYM(field, name) {(void **)&g_api.field, name}
 
