@@ -74,6 +74,16 @@ static inline void *standin_sym(void *h, const char *name)
     return p;
 }
 
+static inline void *open_standin(const char *path)
+{
+    void *h = dlopen(path, RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "%s\n", dlerror());
+        exit(1);
+    }
+    return h;
+}
+
 #define SYM(table, field, name) *(void **)&table.field = standin_sym(h, name)
 
 /* Point teraio at the stand-ins (cuFile: `cufile_variant`, "" for the full
@@ -87,11 +97,7 @@ static inline void use_standins(const char *cufile_variant)
         dir = TIO_STANDIN_DIR;
     snprintf(path, sizeof path, "%s/libtio_standin_cudart.so", dir);
     setenv("TIO_CUDART_LIBRARY", path, 1);
-    void *h = dlopen(path, RTLD_NOW);
-    if (!h) {
-        fprintf(stderr, "%s\n", dlerror());
-        exit(1);
-    }
+    void *h = open_standin(path);
     SYM(cuda, Malloc, "cudaMalloc");
     SYM(cuda, Free, "cudaFree");
     SYM(cuda, Memcpy, "cudaMemcpy");
@@ -112,10 +118,7 @@ static inline void use_standins(const char *cufile_variant)
     }
     snprintf(path, sizeof path, "%s/libtio_standin_cufile%s.so", dir, cufile_variant);
     setenv("TIO_CUFILE_LIBRARY", path, 1);
-    if (!(h = dlopen(path, RTLD_NOW))) {
-        fprintf(stderr, "%s\n", dlerror());
-        exit(1);
-    }
+    h = open_standin(path);
     SYM(cufile, set, "standin_cufile_set");
     SYM(cufile, fail_io, "standin_cufile_fail_io");
     SYM(cufile, fail_open, "standin_cufile_fail_open");
@@ -156,9 +159,10 @@ static inline int dirs_teardown(void **state)
     return rmdir(g_dir[0]) || rmdir(g_dir[1]) || rmdir(g_root);
 }
 
-/* An engine over n_dirs directories, 1 MiB stripes and requests. */
+/* An engine over n_dirs directories, 1 MiB stripes, requests of `request`
+ * bytes (0: 1 MiB). */
 static inline tio_engine *gpu_engine(tio_backend backend, uint32_t n_dirs, uint64_t space,
-                              const tio_engine_test_options *hooks)
+                                     uint32_t request, const tio_engine_test_options *hooks)
 {
     const char *dirs[2] = {g_dir[0], g_dir[1]};
     tio_engine_options opt;
@@ -167,6 +171,8 @@ static inline tio_engine *gpu_engine(tio_backend backend, uint32_t n_dirs, uint6
     opt.n_dirs = n_dirs;
     opt.space_bytes = space;
     opt.backend = backend;
+    if (request)
+        opt.request_bytes = request;
     tio_engine *e = NULL;
     int rc = tio_engine_create_test(&opt, hooks, &e);
     if (rc == -EPROTONOSUPPORT && backend == TIO_BACKEND_IO_URING) {
@@ -271,6 +277,33 @@ static inline void reap_all(tio_engine *e, uint32_t n, uint64_t *tags)
             got++;
         }
     }
+}
+
+/* A kernel on a compute stream, held behind a gate, writes 0xAB over a
+ * tensor of n bytes; an offload of the tensor submitted after it was queued
+ * must store 0xAB, not the zeros the memory held while the gate was closed.
+ * `e` has a GPU attached; it is destroyed. */
+static inline void check_offload_waits_for_compute_stream(tio_engine *e, uint64_t n)
+{
+    void *compute;
+    assert_int_equal(cuda.StreamCreateWithFlags(&compute, 1), 0);
+    assert_int_equal(tio_engine_gpu_set_stream(e, compute), 0);
+    void *t = dev_new(n, 0), *back = dev_new(n, 0);
+    tio_extent x;
+    assert_int_equal(tio_engine_alloc(e, n, &x), 0);
+    assert_int_equal(cuda.launch_gate(compute), 0);
+    assert_int_equal(cuda.launch_fill(compute, t, 0xAB, n, 0), 0);
+    assert_int_equal(tio_engine_submit_write(e, &x, t, n, 1, false), 0);
+    expect_held(e, 200); /* the copy waits for the kernel behind the gate */
+    cuda.open_gate();
+    reap_all(e, 1, NULL);
+    assert_int_equal(tio_engine_gpu_set_stream(e, NULL), 0);
+    assert_int_equal(tio_engine_read(e, &x, back, n), 0);
+    assert_dev_bytes(back, n, 0, 0xAB);
+    cuda.Free(t);
+    cuda.Free(back);
+    tio_engine_destroy(e);
+    cuda.StreamDestroy(compute);
 }
 
 #endif

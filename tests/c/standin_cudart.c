@@ -351,15 +351,18 @@ API int cudaPointerGetAttributes(struct attrs *a, const void *p)
     return OK;
 }
 
+static void bump(unsigned long *counter)
+{
+    pthread_mutex_lock(&g_mu);
+    (*counter)++;
+    pthread_mutex_unlock(&g_mu);
+}
+
 API int cudaStreamCreateWithFlags(void **s, unsigned flags)
 {
-    stream *st = new_stream();
-    if (!st)
+    if (!(*s = new_stream()))
         return INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    g_stats.streams++;
-    pthread_mutex_unlock(&g_mu);
-    *s = st;
+    bump(&g_stats.streams);
     return OK;
 }
 
@@ -389,13 +392,9 @@ API int cudaStreamDestroy(void *handle)
 
 API int cudaEventCreateWithFlags(void **e, unsigned flags)
 {
-    event *ev = calloc(1, sizeof *ev);
-    if (!ev)
+    if (!(*e = calloc(1, sizeof(event))))
         return INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    g_stats.events++;
-    pthread_mutex_unlock(&g_mu);
-    *e = ev;
+    bump(&g_stats.events);
     return OK;
 }
 
@@ -449,6 +448,17 @@ API int cudaStreamWaitEvent(void *handle, void *e, unsigned flags)
     return enqueue(handle, o);
 }
 
+static op *copy_op(void *dst, const void *src, size_t n)
+{
+    op *o = new_op(OP_COPY);
+    if (o) {
+        o->dst = dst;
+        o->src = src;
+        o->n = n;
+    }
+    return o;
+}
+
 /* Does the copy's kind match its pointers?  Counts pageable async copies. */
 static int check_copy(void *dst, const void *src, int kind, bool async)
 {
@@ -469,12 +479,9 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *ha
     int rc = check_copy(dst, src, kind, true);
     if (rc)
         return rc;
-    op *o = new_op(OP_COPY);
+    op *o = copy_op(dst, src, n);
     if (!o)
         return INVALID_VALUE;
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
     pthread_mutex_lock(&g_mu);
     g_stats.copies++;
     g_stats.bytes[kind < 5 ? kind : 0] += n;
@@ -487,12 +494,9 @@ API int cudaMemcpy(void *dst, const void *src, size_t n, int kind)
     int rc = check_copy(dst, src, kind, false);
     if (rc)
         return rc;
-    op *o = new_op(OP_COPY);
+    op *o = copy_op(dst, src, n);
     if (!o)
         return INVALID_VALUE;
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
     if ((rc = enqueue(NULL, o)) != OK)
         return rc;
     return cudaStreamSynchronize(NULL);

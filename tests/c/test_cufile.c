@@ -32,21 +32,7 @@
 static tio_engine *cufile_engine(uint32_t n_dirs, uint64_t space, uint32_t request,
                                  const tio_engine_test_options *hooks)
 {
-    const char *dirs[2] = {g_dir[0], g_dir[1]};
-    tio_engine_options opt;
-    tio_engine_options_default(&opt);
-    opt.dirs = dirs;
-    opt.n_dirs = n_dirs;
-    opt.space_bytes = space;
-    opt.backend = TIO_BACKEND_PSYNC;
-    if (request)
-        opt.request_bytes = request;
-    tio_engine *e = NULL;
-    int rc = tio_engine_create_test(&opt, hooks, &e);
-    if (rc)
-        print_error("create: %s\n", tio_last_error());
-    assert_int_equal(rc, 0);
-    return e;
+    return gpu_engine(TIO_BACKEND_PSYNC, n_dirs, space, request, hooks);
 }
 
 static int attach_path(tio_engine *e, tio_gpu_path path, const tio_engine_gpu_test_options *t)
@@ -429,26 +415,7 @@ static void test_cufile_waits_for_compute_stream(void **state)
     reset_standin();
     tio_engine *e = cufile_engine(1, 8 * MIB, 0, NULL);
     assert_int_equal(attach_path(e, TIO_GPU_PATH_CUFILE, NULL), 0);
-    void *compute;
-    assert_int_equal(cuda.StreamCreateWithFlags(&compute, 1), 0);
-    assert_int_equal(tio_engine_gpu_set_stream(e, compute), 0);
-    uint64_t n = 2 * MIB;
-    void *t = dev_new(n, 0), *back = dev_new(n, 0);
-    tio_extent x;
-    assert_int_equal(tio_engine_alloc(e, n, &x), 0);
-    assert_int_equal(cuda.launch_gate(compute), 0);
-    assert_int_equal(cuda.launch_fill(compute, t, 0xAB, n, 0), 0);
-    assert_int_equal(tio_engine_submit_write(e, &x, t, n, 1, false), 0);
-    expect_held(e, 200);
-    cuda.open_gate();
-    reap_all(e, 1, NULL);
-    assert_int_equal(tio_engine_gpu_set_stream(e, NULL), 0);
-    assert_int_equal(tio_engine_read(e, &x, back, n), 0);
-    assert_dev_bytes(back, n, 0, 0xAB);
-    cuda.Free(t);
-    cuda.Free(back);
-    tio_engine_destroy(e);
-    cuda.StreamDestroy(compute);
+    check_offload_waits_for_compute_stream(e, 2 * MIB);
 }
 
 /* ---- variants of the library (fresh processes) ----------------------------- */

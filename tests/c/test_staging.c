@@ -35,7 +35,7 @@ static void test_staging_roundtrip_sizes(void **state)
     tio_backend backend = *(tio_backend *)*state;
     static const uint64_t sizes[] = {1, 4095, 4096, 4097, MIB, MIB + 123, 5 * MIB + 7};
     enum { N = sizeof sizes / sizeof sizes[0] };
-    tio_engine *e = gpu_engine(backend, 2, 64 * MIB, NULL);
+    tio_engine *e = gpu_engine(backend, 2, 64 * MIB, 0, NULL);
     attach_staging(e, 3 * MIB, MIB); /* 3 slots of 1 MiB: 2 offload, 1 prefetch */
     tio_extent x[N];
     void *src[N], *dst[N];
@@ -69,7 +69,7 @@ static void test_staging_roundtrip_sizes(void **state)
 /* The synchronous helpers take device pointers too. */
 static void test_staging_sync_helpers(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     attach_staging(e, 2 * MIB, MIB);
     tio_extent x;
     assert_int_equal(tio_engine_alloc(e, 3 * MIB + 5, &x), 0);
@@ -88,7 +88,7 @@ static void test_staging_chunks_larger_than_slot(void **state)
 {
     standin_cuda_stats before, after;
     cuda.get_stats(&before);
-    tio_engine *e = gpu_engine(TIO_BACKEND_IO_URING, 1, 16 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_IO_URING, 1, 16 * MIB, 0, NULL);
     attach_staging(e, 2 * MIB, MIB);
     uint64_t n = 5 * MIB + 7;
     tio_extent x;
@@ -126,7 +126,7 @@ static void test_staging_pinned_once(void **state)
 {
     standin_cuda_stats a, b;
     cuda.get_stats(&a);
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     attach_staging(e, 0, 0); /* defaults: 256 MiB in 6 slots of 42 MiB */
     cuda.get_stats(&b);
     assert_int_equal(b.host_registers - a.host_registers, 1);
@@ -143,7 +143,7 @@ static void test_staging_pinned_once(void **state)
 /* One slot for both directions still moves everything. */
 static void test_staging_one_shared_slot(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 2, 16 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 2, 16 * MIB, 0, NULL);
     attach_staging(e, MIB, MIB);
     tio_engine_gpu_stats st;
     tio_engine_gpu_get_stats(e, &st);
@@ -170,32 +170,12 @@ static void test_staging_one_shared_slot(void **state)
 
 /* ---- ordering ----------------------------------------------------------- */
 
-/* A kernel on the compute stream, held behind a gate, writes 0xAB over the
- * tensor; the offload submitted after it was queued must store 0xAB, not
- * the zeros the memory held while the gate was closed. */
+/* An offload copies what a kernel queued before it wrote (gpu_test.h). */
 static void test_staging_offload_waits_for_compute_stream(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     attach_staging(e, 2 * MIB, MIB);
-    void *compute;
-    assert_int_equal(cuda.StreamCreateWithFlags(&compute, 1), 0);
-    assert_int_equal(tio_engine_gpu_set_stream(e, compute), 0);
-    uint64_t n = 2 * MIB + 4096;
-    void *t = dev_new(n, 0), *back = dev_new(n, 0);
-    tio_extent x;
-    assert_int_equal(tio_engine_alloc(e, n, &x), 0);
-    assert_int_equal(cuda.launch_gate(compute), 0);
-    assert_int_equal(cuda.launch_fill(compute, t, 0xAB, n, 0), 0);
-    assert_int_equal(tio_engine_submit_write(e, &x, t, n, 1, false), 0);
-    expect_held(e, 200); /* the copy waits for the kernel behind the gate */
-    cuda.open_gate();
-    reap_all(e, 1, NULL);
-    assert_int_equal(tio_engine_read(e, &x, back, n), 0);
-    assert_dev_bytes(back, n, 0, 0xAB);
-    cuda.Free(t);
-    cuda.Free(back);
-    tio_engine_destroy(e);
-    cuda.StreamDestroy(compute);
+    check_offload_waits_for_compute_stream(e, 2 * MIB + 4096);
 }
 
 /* The memory a prefetch lands in is still in use by a kernel queued before
@@ -203,7 +183,7 @@ static void test_staging_offload_waits_for_compute_stream(void **state)
  * bytes must land after it, so the tensor ends up holding what was stored. */
 static void test_staging_prefetch_waits_for_compute_stream(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     attach_staging(e, 2 * MIB, MIB);
     void *compute;
     assert_int_equal(cuda.StreamCreateWithFlags(&compute, 1), 0);
@@ -232,7 +212,7 @@ static void test_staging_prefetch_waits_for_compute_stream(void **state)
  * copy is through, U must go before B and C. */
 static void test_staging_urgent_first(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 16 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 16 * MIB, 0, NULL);
     attach_staging(e, 2 * MIB, MIB);
     tio_extent x[4];
     void *src = dev_new(MIB, 5), *dst[4];
@@ -271,7 +251,7 @@ static void test_staging_urgent_first(void **state)
  * held behind a gate on the compute stream, a prefetch still completes. */
 static void test_staging_prefetch_not_behind_offload(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 16 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 16 * MIB, 0, NULL);
     attach_staging(e, 2 * MIB, MIB);
     tio_extent a, b;
     void *src = dev_new(MIB, 11), *dst = dev_new(MIB, 0), *other = dev_new(MIB, 12);
@@ -300,7 +280,7 @@ static void test_staging_prefetch_not_behind_offload(void **state)
 
 static void test_staging_budget_below_one_chunk(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     tio_engine_gpu_options go;
     tio_engine_gpu_options_default(&go);
     go.path = TIO_GPU_PATH_STAGING;
@@ -346,7 +326,7 @@ static void test_staging_memlock_message(void **state)
  * refused (the test hook makes the check run even with CAP_IPC_LOCK). */
 static void test_staging_memlock_refused(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_IO_URING, 2, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_IO_URING, 2, 8 * MIB, 0, NULL);
     struct rlimit old, low;
     assert_int_equal(getrlimit(RLIMIT_MEMLOCK, &old), 0);
     low = old;
@@ -388,7 +368,7 @@ static void test_staging_disk_faults(void **state)
 {
     tio_engine_test_options hooks;
     assert_int_equal(tio_engine_test_options_parse("eio:write:2", &hooks), 0);
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 16 * MIB, &hooks);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 16 * MIB, 0, &hooks);
     attach_staging(e, 2 * MIB, MIB);
     uint64_t n = 3 * MIB;
     tio_extent x;
@@ -411,7 +391,7 @@ static void test_staging_disk_faults(void **state)
  * the ring fails its CRC32C and leaves the device memory as it was. */
 static void test_staging_corruption_detected(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     attach_staging(e, 2 * MIB, MIB);
     uint64_t n = 2 * MIB;
     tio_extent x;
@@ -442,7 +422,7 @@ static void test_staging_second_device(void **state)
 {
     setenv("TIO_STANDIN_CUDA_DEVICES", "2", 1);
     assert_int_equal(cuda.SetDevice(1), 0);
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     tio_engine_gpu_options go;
     tio_engine_gpu_options_default(&go);
     go.path = TIO_GPU_PATH_STAGING;
@@ -471,7 +451,7 @@ static void test_staging_second_device(void **state)
  * moves bytes either way. */
 static void test_staging_host_memory_unchanged(void **state)
 {
-    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, NULL);
+    tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     attach_staging(e, MIB, 0);
     unsigned char *h = malloc(MIB), *back = malloc(MIB);
     pattern(h, MIB, 13);
