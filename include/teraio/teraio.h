@@ -14,6 +14,7 @@
 #include "teraio/lifetime.h"
 #include "teraio/plan.h"
 #include "teraio/engine.h"
+#include "teraio/gpu.h"
 #include "teraio/runtime.h"
 #include "teraio/sim.h"
 #include "teraio/tok.h"

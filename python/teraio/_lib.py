@@ -218,6 +218,51 @@ tio_engine_free = _fn("tio_engine_free", c_int, c_void_p, POINTER(Extent))
 tio_engine_write = _fn("tio_engine_write", c_int, c_void_p, POINTER(Extent), c_void_p, c_uint64)
 tio_engine_read = _fn("tio_engine_read", c_int, c_void_p, POINTER(Extent), c_void_p, c_uint64)
 
+# ---- gpu (include/teraio/gpu.h) ----------------------------------------------
+class CudaInfo(Structure):
+    _c_name = "tio_cuda_info"
+    _fields_ = [("state", c_int), ("devices", c_int), ("runtime_version", c_int),
+                ("driver_version", c_int), ("library", ctypes.c_char * 256), ("reason", ctypes.c_char * 320)]
+
+
+class CufileInfo(Structure):
+    _c_name = "tio_cufile_info"
+    _fields_ = [("state", c_int), ("version", c_int), ("compat_mode", c_bool), ("compat_allowed", c_bool),
+                ("batch", c_bool), ("max_batch_entries", c_uint32), ("library", ctypes.c_char * 256),
+                ("reason", ctypes.c_char * 320)]
+
+
+class EngineGpuOptions(Structure):
+    _c_name = "tio_engine_gpu_options"
+    _fields_ = [("device", c_int), ("pinned_bytes", c_uint64), ("chunk_bytes", c_uint64), ("path", c_int),
+                ("probe_bytes", c_uint64)]
+
+
+class EngineGpuStats(Structure):
+    _c_name = "tio_engine_gpu_stats"
+    _fields_ = [("pinned_bytes", c_uint64), ("chunk_bytes", c_uint64), ("slots_offload", c_uint32),
+                ("slots_prefetch", c_uint32), ("slots_shared", c_bool), ("ring_fixed_buffer", c_bool),
+                ("staged_offload_bytes", c_uint64), ("staged_prefetch_bytes", c_uint64),
+                ("cufile_write_bytes", c_uint64), ("cufile_read_bytes", c_uint64),
+                ("unchecked_bytes", c_uint64), ("copies", c_uint64), ("batches", c_uint64),
+                ("max_batch_entries_used", c_uint32), ("cufile_compat_mode", c_bool)]
+
+
+GPU_STATES = {0: "not built", 1: "unavailable", 2: "available"}
+GPU_PATHS = {"auto": 0, "staging": 1, "cufile": 2}
+tio_cuda_info_get = _fn("tio_cuda_info_get", None, POINTER(CudaInfo))
+tio_cufile_info_get = _fn("tio_cufile_info_get", None, POINTER(CufileInfo))
+tio_gpu_path_name = _fn("tio_gpu_path_name", c_char_p, c_int)
+tio_engine_gpu_options_default = _fn("tio_engine_gpu_options_default", None, POINTER(EngineGpuOptions))
+tio_engine_gpu_attach = _fn("tio_engine_gpu_attach", c_int, c_void_p, POINTER(EngineGpuOptions))
+tio_engine_gpu_set_stream = _fn("tio_engine_gpu_set_stream", c_int, c_void_p, c_void_p)
+tio_engine_gpu_dir_path = _fn("tio_engine_gpu_dir_path", c_int, c_void_p, c_uint32)
+tio_engine_gpu_reason = _fn("tio_engine_gpu_reason", c_char_p, c_void_p)
+tio_engine_gpu_get_stats = _fn("tio_engine_gpu_get_stats", None, c_void_p, POINTER(EngineGpuStats))
+tio_engine_gpu_register_buffer = _fn("tio_engine_gpu_register_buffer", c_int, c_void_p, c_void_p, c_uint64)
+tio_engine_gpu_unregister_buffer = _fn("tio_engine_gpu_unregister_buffer", c_int, c_void_p, c_void_p)
+tio_engine_copy = _fn("tio_engine_copy", c_int, c_void_p, c_void_p, c_void_p, c_uint64)
+
 # ---- runtime ----------------------------------------------------------------
 ALLOCATE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32, c_uint64, POINTER(c_void_p))
 RELEASE_FN = CFUNCTYPE(c_int, c_void_p, c_uint32)

@@ -36,7 +36,8 @@ static void usage(FILE *f)
 int cmd_version(int argc, char **argv)
 {
     if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        printf("usage: teraio version\n\nPrint the version and the compiled-in features.\n");
+        printf("usage: teraio version\n\nPrint the version, the compiled-in features and the "
+               "state of CUDA and cuFile here.\n");
         return 0;
     }
     if (argc > 1) {
@@ -44,6 +45,22 @@ int cmd_version(int argc, char **argv)
         return 2;
     }
     printf("teraio %s\nfeatures: %s\n", tio_version(), tio_features());
+    static const char *const state[] = {"not built", "unavailable", "available"};
+    tio_cuda_info cuda;
+    tio_cuda_info_get(&cuda);
+    if (cuda.state == TIO_GPU_AVAILABLE)
+        printf("cuda: available (%s, runtime %d, driver %d, %d device(s))\n", cuda.library,
+               cuda.runtime_version, cuda.driver_version, cuda.devices);
+    else
+        printf("cuda: %s (%s)\n", state[cuda.state], cuda.reason);
+    tio_cufile_info cufile;
+    tio_cufile_info_get(&cufile);
+    if (cufile.state == TIO_GPU_AVAILABLE)
+        printf("cufile: available (%s, version %d, %s%s)\n", cufile.library, cufile.version,
+               cufile.compat_mode ? "compatibility mode: nvidia-fs not loaded" : "nvidia-fs loaded",
+               cufile.batch ? ", batch API" : ", no batch API");
+    else
+        printf("cufile: %s (%s)\n", state[cufile.state], cufile.reason);
     return 0;
 }
 

@@ -89,7 +89,12 @@ const char *tio_version(void) { return TIO_VERSION_STRING; }
 #else
 #define TIO_FEATURE_ZLIB ""
 #endif
-#define TIO_FEATURE_EXTRA TIO_FEATURE_PCRE2 TIO_FEATURE_ZSTD TIO_FEATURE_ZLIB
+#if TIO_HAVE_CUDA
+#define TIO_FEATURE_CUDA " cuda cufile"
+#else
+#define TIO_FEATURE_CUDA ""
+#endif
+#define TIO_FEATURE_EXTRA TIO_FEATURE_PCRE2 TIO_FEATURE_ZSTD TIO_FEATURE_ZLIB TIO_FEATURE_CUDA
 
 const char *tio_features(void)
 {

@@ -10,7 +10,9 @@
  * request's completion.  The bounce buffers, the chunk bookkeeping that
  * both backends share (prepare / account / finish) and the per-extent CRC32C
  * live here too.  The backends sit behind tio_backend_ops; the backing files
- * are backing_file.c's, the test hooks fault.c's.
+ * are backing_file.c's, the test hooks fault.c's.  Device memory (gpu.h)
+ * leaves here at submit: its chunks go to the staging ring or the cuFile
+ * threads (gpu.c routes them) and come back through tio_chunk_complete.
  */
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -384,6 +386,8 @@ void tio_engine_destroy(tio_engine *engine)
         free(r);
         r = next;
     }
+    if (engine->gpu)
+        tio_gpu_detach(engine);
     engine->ops->stop(engine);
     free_engine(engine);
 }
@@ -494,7 +498,8 @@ static void publish(tio_engine *e, tio_req *r)
 }
 
 /* Checksum on: the CRC32C of the chunk's bytes as they are on disk (the
- * bounce buffer, or the caller's memory the transfer used).  A write keeps
+ * memory the transfer used: the bounce buffer, the staging ring, or the
+ * caller's memory).  A write keeps
  * it for the extent; a read compares it with the one its write left and
  * fails with TIO_ECORRUPT, naming the file and offset, when they differ.
  * Runs on the backend's thread, off the locks, so checking spreads over the
@@ -502,7 +507,7 @@ static void publish(tio_engine *e, tio_req *r)
 static int check_chunk(tio_chunk *c, char *msg, size_t len)
 {
     tio_req *r = c->req;
-    uint32_t got = tio_crc32c(0, c->bounce ? c->bounce : c->user_ptr, c->user_len);
+    uint32_t got = tio_crc32c(0, c->io_ptr, c->user_len);
     if (r->track)
         c->crc = got;
     if (!r->verify || got == c->crc)
@@ -524,51 +529,91 @@ void tio_chunk_finish(tio_engine *e, tio_chunk *c, int err)
                  c->op == TIO_OP_WRITE ? "write to" : "read from", c->dir->file,
                  (unsigned long long)(c->file_off + c->done), c->io_len - c->done,
                  tio_strerror(err));
-    else if (r->track || r->verify)
+    else if ((r->track && !r->no_crc) || r->verify)
         err = check_chunk(c, msg, sizeof msg);
+    if (c->path == TIO_CHUNK_STAGED) {
+        tio_staging_chunk_done(e, c, err, msg); /* it completes the chunk */
+        return;
+    }
     if (!err && c->op == TIO_OP_READ && c->bounce)
         memcpy(c->user_ptr, c->bounce, c->user_len);
     if (c->bounce)
         bounce_put(e, c);
+    tio_chunk_complete(e, c, err, msg);
+}
+
+void tio_chunk_complete(tio_engine *e, tio_chunk *c, int err, const char *msg)
+{
+    tio_req *r = c->req;
     pthread_mutex_lock(&e->done_mu);
     if (err && r->result == 0) {
         r->result = err;
-        memcpy(r->msg, msg, sizeof msg);
+        snprintf(r->msg, sizeof r->msg, "%s", msg);
     }
-    if (--r->chunks_left == 0)
+    if (--r->chunks_left == 0) {
+        if (r->device)
+            tio_gpu_request_done(e, r);
         publish(e, r); /* from here on, r may be freed by its reaper */
+    }
     pthread_mutex_unlock(&e->done_mu);
 }
 
-tio_chunk *tio_dir_pop(tio_dir *d)
+bool tio_queue_empty(const tio_queue *q)
+{
+    for (int cls = 0; cls < TIO_N_CLASSES; cls++)
+        if (q->head[cls][TIO_OP_READ] || q->head[cls][TIO_OP_WRITE])
+            return false;
+    return true;
+}
+
+tio_chunk *tio_queue_pop(tio_queue *q)
 {
     tio_chunk *c = NULL;
     int cls = TIO_CLASS_URGENT, op = TIO_OP_READ;
-    if (d->head[TIO_CLASS_URGENT][TIO_OP_READ])
+    if (q->head[TIO_CLASS_URGENT][TIO_OP_READ])
         op = TIO_OP_READ;
-    else if (d->head[TIO_CLASS_URGENT][TIO_OP_WRITE])
+    else if (q->head[TIO_CLASS_URGENT][TIO_OP_WRITE])
         op = TIO_OP_WRITE;
     else {
         cls = TIO_CLASS_NORMAL;
-        op = d->head[cls][d->next_op] ? d->next_op : !d->next_op;
-        d->next_op = (uint8_t)!op;
+        op = q->head[cls][q->next_op] ? q->next_op : !q->next_op;
+        q->next_op = (uint8_t)!op;
     }
-    c = d->head[cls][op];
+    c = q->head[cls][op];
     if (!c)
         return NULL;
-    d->head[cls][op] = c->next;
-    if (!d->head[cls][op])
-        d->tail[cls][op] = NULL;
+    q->head[cls][op] = c->next;
+    if (!q->head[cls][op])
+        q->tail[cls][op] = NULL;
     c->next = NULL;
     return c;
 }
 
-void tio_dir_push_front(tio_dir *d, tio_chunk *c)
+void tio_queue_push_front(tio_queue *q, tio_chunk *c)
 {
-    c->next = d->head[TIO_CLASS_URGENT][c->op];
-    d->head[TIO_CLASS_URGENT][c->op] = c;
-    if (!d->tail[TIO_CLASS_URGENT][c->op])
-        d->tail[TIO_CLASS_URGENT][c->op] = c;
+    c->next = q->head[TIO_CLASS_URGENT][c->op];
+    q->head[TIO_CLASS_URGENT][c->op] = c;
+    if (!q->tail[TIO_CLASS_URGENT][c->op])
+        q->tail[TIO_CLASS_URGENT][c->op] = c;
+}
+
+void tio_queue_push_back(tio_queue *q, tio_chunk *c)
+{
+    c->next = NULL;
+    if (q->tail[c->cls][c->op])
+        q->tail[c->cls][c->op]->next = c;
+    else
+        q->head[c->cls][c->op] = c;
+    q->tail[c->cls][c->op] = c;
+}
+
+void tio_dir_enqueue(tio_engine *e, tio_chunk *c)
+{
+    tio_dir *d = c->dir;
+    pthread_mutex_lock(&d->mu);
+    tio_queue_push_back(&d->pending, c);
+    e->ops->kick(d);
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* ---- requests --------------------------------------------------------- */
@@ -645,6 +690,10 @@ static void enqueue_request(tio_engine *e, tio_req *r)
     if (r->n_chunks == 0)
         publish(e, r);
     pthread_mutex_unlock(&e->done_mu);
+    if (r->device) {
+        tio_gpu_enqueue_request(e, r);
+        return;
+    }
     for (uint32_t di = 0; di < e->n_dirs && r->n_chunks; di++) {
         tio_dir *d = &e->dirs[di];
         bool any = false;
@@ -653,12 +702,7 @@ static void enqueue_request(tio_engine *e, tio_req *r)
             tio_chunk *c = &r->chunks[i];
             if (c->dir != d)
                 continue;
-            c->next = NULL;
-            if (d->tail[c->cls][c->op])
-                d->tail[c->cls][c->op]->next = c;
-            else
-                d->head[c->cls][c->op] = c;
-            d->tail[c->cls][c->op] = c;
+            tio_queue_push_back(&d->pending, c);
             any = true;
         }
         if (any)
@@ -693,11 +737,18 @@ static int submit(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_
         return tio_fail(-ENOMEM, "engine: out of memory queueing a %llu-byte request",
                         (unsigned long long)bytes);
     }
+    if (e->gpu && bytes && tio_cuda_is_device(e->gpu->rt, buf)) {
+        r->device = true;
+        if ((rc = tio_gpu_prepare_request(e, r, 0)) != 0) {
+            free(r);
+            return rc;
+        }
+    }
     if (ue && op == TIO_OP_WRITE) {
         r->track = true;
         ue->state = TIO_XS_WRITING;
     } else if (ue && ue->state == TIO_XS_VALID && ue->crc_bytes == bytes &&
-               ue->n_crcs == r->n_chunks) {
+               ue->n_crcs == r->n_chunks && !r->no_crc) {
         for (uint32_t i = 0; i < r->n_chunks; i++)
             r->chunks[i].crc = ue->crcs[i];
         r->verify = true;
@@ -736,6 +787,13 @@ static void track_write(tio_engine *e, const tio_req *r)
     if (!ue)
         return;
     ue->state = TIO_XS_FAILED;
+    if (!r->result && r->no_crc) {
+        /* written by cuFile: valid, with nothing to check it against */
+        ue->n_crcs = 0;
+        ue->crc_bytes = 0;
+        ue->state = TIO_XS_VALID;
+        return;
+    }
     if (r->result || tio_grow((void **)&ue->crcs, &ue->cap_crcs, r->n_chunks,
                               sizeof *ue->crcs) != 0)
         return;
@@ -812,12 +870,11 @@ const char *tio_engine_completion_error(const tio_engine *engine, uint64_t tag)
     return "";
 }
 
-static int run_sync(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_t bytes)
+/* Wait for synchronous request `r`, take it off the completed list, record
+ * a write's checksums and free it.  Returns its result. */
+static int wait_sync(tio_engine *e, tio_req *r)
 {
-    tio_req *r;
-    int rc = submit(e, op, x, buf, bytes, 0, false, true, &r);
-    if (rc)
-        return rc;
+    int rc;
     pthread_mutex_lock(&e->done_mu);
     while (!r->finished)
         pthread_cond_wait(&e->done_cv, &e->done_mu);
@@ -836,6 +893,53 @@ static int run_sync(tio_engine *e, int op, const tio_extent *x, char *buf, uint6
         tio_fail(rc, "%s", r->msg);
     free(r);
     return rc;
+}
+
+static int run_sync(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_t bytes)
+{
+    tio_req *r;
+    int rc = submit(e, op, x, buf, bytes, 0, false, true, &r);
+    return rc ? rc : wait_sync(e, r);
+}
+
+int tio_engine_dir_io(tio_engine *e, uint32_t dir, int op, void *buf, uint64_t bytes,
+                      uint8_t path)
+{
+    tio_dir *d = &e->dirs[dir];
+    uint64_t max = e->bounce_bytes; /* min(request_bytes, stripe_bytes), as any chunk */
+    uint64_t n = (bytes + max - 1) / max;
+    if (bytes == 0 || bytes > d->file_bytes || n > UINT32_MAX)
+        return tio_fail(-EINVAL, "engine: %llu probe bytes for '%s'", (unsigned long long)bytes,
+                        d->file);
+    tio_req *r = calloc(1, sizeof *r + n * sizeof(tio_chunk));
+    if (!r)
+        return tio_fail(-ENOMEM, "engine: out of memory");
+    r->sync = true;
+    r->op = (uint8_t)op;
+    r->buf = buf;
+    r->bytes = bytes;
+    r->n_chunks = r->chunks_left = (uint32_t)n;
+    r->device = true;
+    for (uint32_t i = 0; i < n; i++) {
+        tio_chunk *c = &r->chunks[i];
+        uint64_t pos = i * max, len = bytes - pos < max ? bytes - pos : max;
+        c->req = r;
+        c->dir = d;
+        c->op = (uint8_t)op;
+        c->cls = TIO_CLASS_NORMAL;
+        c->file_off = pos;
+        c->user_len = (uint32_t)len;
+        c->io_len = (uint32_t)((len + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1));
+        c->user_ptr = (char *)buf + pos;
+    }
+    int rc = tio_gpu_prepare_request(e, r, path);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    r->no_crc = true;
+    enqueue_request(e, r);
+    return wait_sync(e, r);
 }
 
 int tio_engine_write(tio_engine *engine, const tio_extent *extent, const void *buf, uint64_t bytes)

@@ -16,8 +16,19 @@
  * completed list, where tio_engine_reap (or a synchronous helper) picks it
  * up.
  *
+ * Device memory (gpu.h): a request whose buffer is CUDA device memory has
+ * its chunks marked STAGED or CUFILE.  STAGED chunks reach the pending
+ * queues only once the staging ring (staging.c) has given them pinned host
+ * memory (and, for writes, copied the device bytes into it); when their
+ * disk transfer ends the ring takes them back (tio_staging_chunk_done) and
+ * completes them after the copy to the device.  CUFILE chunks go to their
+ * directory's cuFile threads (backend_cufile.c) instead of the pending
+ * queues.
+ *
  * Locks: tio_dir.mu, then tio_engine.done_mu, never the other way round;
- * registering a buffer takes every tio_dir.mu in directory order.
+ * registering a buffer takes every tio_dir.mu in directory order.  The
+ * staging ring's and the cuFile threads' own mutexes are never held while
+ * an engine lock is taken.
  */
 #ifndef TERAIO_ENGINE_INTERNAL_H
 #define TERAIO_ENGINE_INTERNAL_H
@@ -27,10 +38,13 @@
 
 #include "common/util.h"
 #include "engine/engine_test.h"
+#include "engine/gpu_internal.h"
 #include "teraio/engine.h"
 
 enum { TIO_OP_READ = 0, TIO_OP_WRITE = 1 };
 enum { TIO_CLASS_URGENT = 0, TIO_CLASS_NORMAL = 1, TIO_N_CLASSES = 2 };
+/* How a chunk's bytes reach its memory (tio_chunk.path). */
+enum { TIO_CHUNK_HOST = 0, TIO_CHUNK_STAGED = 1, TIO_CHUNK_CUFILE = 2 };
 
 /* Extent states kept by the allocator for checksums. */
 enum { TIO_XS_EMPTY = 0, TIO_XS_WRITING, TIO_XS_VALID, TIO_XS_FAILED };
@@ -54,6 +68,7 @@ typedef struct tio_chunk {
     uint8_t op;             /* TIO_OP_READ / TIO_OP_WRITE */
     uint8_t cls;            /* TIO_CLASS_* */
     uint8_t fault;          /* TIO_FAULT_* (test hook), consumed by the first attempt */
+    uint8_t path;           /* TIO_CHUNK_HOST / STAGED / CUFILE */
     uint32_t bounce_slot;   /* index of `bounce` in its directory's slab */
     uint64_t file_off;      /* where the chunk starts in the backing file */
     uint32_t io_len;        /* bytes moved on disk (user_len rounded up to 4 KiB
@@ -65,8 +80,25 @@ typedef struct tio_chunk {
                                when it finishes; a read's expected one */
     char *user_ptr;         /* user buffer for this chunk */
     char *bounce;           /* aligned bounce buffer, or NULL */
-    char *io_ptr;           /* user_ptr or bounce once prepared, else NULL */
+    char *io_ptr;           /* user_ptr or bounce once prepared, else NULL;
+                               STAGED: its place in the staging ring */
+    void *group;            /* STAGED: the staging ring's group holding it */
 } tio_chunk;
+
+/* Pending chunks, four queues: [class][op]. */
+typedef struct {
+    tio_chunk *head[TIO_N_CLASSES][2], *tail[TIO_N_CLASSES][2];
+    uint8_t next_op;        /* normal class: the op to try first next time */
+} tio_queue;
+
+/* The next chunk: urgent first (reads before writes), then normal reads and
+ * writes in turn.  NULL when all four are empty.  Caller holds the lock that
+ * guards `q`. */
+tio_chunk *tio_queue_pop(tio_queue *q);
+void tio_queue_push_back(tio_queue *q, tio_chunk *c);
+/* Back to the front of its op's urgent queue (a retry goes first). */
+void tio_queue_push_front(tio_queue *q, tio_chunk *c);
+bool tio_queue_empty(const tio_queue *q);
 
 /* One user request: completed when chunks_left reaches 0. */
 struct tio_req {
@@ -79,6 +111,13 @@ struct tio_req {
     bool verify;            /* checksum on: each chunk checks its crc */
     bool track;             /* checksum on: chunks compute their crc, reap
                                records them with the extent */
+    bool device;            /* buf is CUDA device memory (gpu.h) */
+    bool no_crc;            /* some chunk moves by cuFile: nothing is checked,
+                               a write records its extent as unchecked */
+    bool stage_waited;      /* staging: a copy stream waits for ready_ev */
+    tio_cuda_event ready_ev;/* device: recorded on the compute stream at submit */
+    struct tio_req *stage_link; /* staging ring's queue of requests */
+    uint32_t stage_next;    /* staging: first chunk not yet in a group */
     char *buf;
     uint64_t bytes;
     tio_extent extent;
@@ -120,8 +159,7 @@ struct tio_dir {
 
     pthread_mutex_t mu;     /* guards everything below */
     pthread_cond_t cv;      /* psync workers wait here for chunks */
-    tio_chunk *head[TIO_N_CLASSES][2], *tail[TIO_N_CLASSES][2]; /* [class][op] */
-    uint8_t next_op;        /* normal class: the op to try first next time */
+    tio_queue pending;      /* chunks the backend has not taken yet */
     uint32_t inflight;      /* chunks in the io_uring ring */
     bool stop;
 
@@ -178,6 +216,8 @@ struct tio_engine {
     uint32_t n_bounce;      /* the most bounce buffers of any directory: the
                                first ring slots; callers' regions follow */
 
+    tio_engine_gpu *gpu;        /* tio_engine_gpu_attach; NULL without */
+
     /* Test hooks (engine_test.h), all zero outside tests. */
     tio_engine_test_options test;
     uint64_t chunk_count[2]; /* chunks created per op, for test.fault_nth
@@ -228,11 +268,27 @@ int tio_chunk_account(tio_chunk *chunk, int64_t res, int *err);
  * checksum).  Takes dir->mu (bounce chunks) and done_mu: call it with
  * neither held. */
 void tio_chunk_finish(tio_engine *engine, tio_chunk *chunk, int err);
+/* The last step of tio_chunk_finish: count the chunk done with `err` (and
+ * `msg` when err != 0) and publish the request when it was the last one.
+ * Takes done_mu: call it with no lock held.  The staging ring calls it for
+ * STAGED chunks once their bytes are in place. */
+void tio_chunk_complete(tio_engine *engine, tio_chunk *chunk, int err, const char *msg);
+/* Queue chunk `c` on its directory for the backend (takes dir->mu). */
+void tio_dir_enqueue(tio_engine *engine, tio_chunk *c);
+/* A synchronous device transfer of `bytes` between `buf` and directory
+ * `dir`'s backing file at file offset 0, all of it in that directory, by
+ * `path` (TIO_CHUNK_STAGED / CUFILE), no checksum: the attach probe.
+ * Returns 0 or the request's -errno (message set). */
+int tio_engine_dir_io(tio_engine *engine, uint32_t dir, int op, void *buf, uint64_t bytes,
+                      uint8_t path);
 /* Pop the next pending chunk of `dir` (urgent first, then normal reads and
  * writes in turn); dir->mu held. */
-tio_chunk *tio_dir_pop(tio_dir *dir);
+static inline tio_chunk *tio_dir_pop(tio_dir *dir) { return tio_queue_pop(&dir->pending); }
 /* Push a chunk back to the front of its op's urgent queue; dir->mu held. */
-void tio_dir_push_front(tio_dir *dir, tio_chunk *chunk);
+static inline void tio_dir_push_front(tio_dir *dir, tio_chunk *chunk)
+{
+    tio_queue_push_front(&dir->pending, chunk);
+}
 
 /* backend_uring.c: one ring + completion thread per dir; start probes each
  * ring and registers the backing file and the bounce slab (a refused

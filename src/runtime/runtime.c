@@ -71,6 +71,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "teraio/gpu.h"
 #include "teraio/runtime.h"
 
 typedef enum {
@@ -328,6 +329,26 @@ static int unstage(tio_runtime *rt, uint32_t id, bool copy_in)
     return 0;
 }
 
+/* Copy tensor `id`'s bytes between its memory and its host copy: through
+ * the engine, which moves device memory when a GPU is attached to it
+ * (tio_engine_copy), else memcpy. */
+static int copy_host_tier(tio_runtime *rt, uint32_t id, void *dst, const void *src)
+{
+    uint64_t n = rt->tensors[id].bytes;
+    if (!rt->engine) {
+        memcpy(dst, src, n);
+        return 0;
+    }
+    int rc = tio_engine_copy(rt->engine, dst, src, n);
+    if (rc < 0) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", tio_last_error());
+        return tio_fail(rc, "tensor %u: host-tier copy of %llu bytes failed: %s", id,
+                        (unsigned long long)n, why);
+    }
+    return 0;
+}
+
 /* A read of `bytes` of `kind` completed. */
 static void count_read(tio_runtime *rt, io_kind kind, uint64_t bytes)
 {
@@ -511,7 +532,10 @@ static int offload_trigger(tio_runtime *rt, const tio_migration *m)
         void *src;
         if ((rc = stage_out(rt, id, &src)) < 0)
             return rc;
-        memcpy(t->host_copy, src, t->bytes);
+        if ((rc = copy_host_tier(rt, id, t->host_copy, src)) < 0) {
+            unstage(rt, id, false);
+            return rc;
+        }
         if ((rc = unstage(rt, id, false)) < 0)
             return rc;
         rt->stats.bytes_offloaded += t->bytes;
@@ -562,7 +586,11 @@ static int start_fetch(tio_runtime *rt, uint32_t id, io_kind kind, bool urgent)
             abandon_read(rt, id);
             return rc;
         }
-        memcpy(dst, t->host_copy, t->bytes);
+        if ((rc = copy_host_tier(rt, id, dst, t->host_copy)) < 0) {
+            unstage(rt, id, false);
+            abandon_read(rt, id);
+            return rc;
+        }
         if ((rc = unstage(rt, id, true)) < 0) {
             abandon_read(rt, id);
             return rc;

@@ -59,6 +59,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
                                           _pop_mode, _push_mode)
 
 from .. import _lib as L
+from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
 from ._ids import StorageIds, global_tensors, iter_tensors
 from .profiler import kernel_name, sequence_fingerprint
@@ -111,6 +112,27 @@ class _Mode(TorchDispatchMode):
         return out
 
 
+def _engine_takes_cuda(engine: Engine) -> bool:
+    """Give `engine` the current CUDA device (teraio.gpu.attach), so that it
+    moves CUDA storages itself: the C staging ring (pinned once, copies on
+    their own streams overlapped with disk I/O) or GPUDirect Storage, ordered
+    after the current stream by CUDA events.  False, with the reason logged,
+    where teraio cannot use CUDA: the Python staging callbacks (synchronous
+    copies through pinned buffers) then move the bytes."""
+    if _gpu.reason(engine):
+        return True  # attached by an earlier runtime on this engine
+    why = _gpu.unavailable_reason()
+    for path in ("auto", "staging") if why is None else ():
+        try:
+            _gpu.attach(engine, torch.cuda.current_device(), path=path)
+            log.info("teraio: CUDA tensors move in C: %s", _gpu.reason(engine))
+            return True
+        except L.TeraioError as e:  # auto refuses an engine that holds data
+            why = str(e)
+    log.warning("teraio: CUDA tensors go through Python staging copies: %s", why)
+    return False
+
+
 class _Guard(TorchDispatchMode):
     """Between iterations: an operator that reads an offloaded tensor (a
     parameter norm, gradient clipping, a plain step, an eval pass) gets it
@@ -157,8 +179,9 @@ class OffloadRuntime:
                  staging: bool | None = None, safe: bool = True):
         """``staging``: move bytes through host staging buffers (pinned when
         CUDA is available) instead of letting the engine address the
-        tensors' memory.  Default: on when the model's tensors are not in CPU
-        memory (device memory without GPUDirect Storage).  ``safe``: fetch
+        tensors' memory.  Default: for CUDA tensors, off when the engine can
+        take a GPU (teraio.gpu: its C staging ring or GPUDirect Storage),
+        else on; on for other devices that are not the CPU.  ``safe``: fetch
         offloaded tensors that operators and ``state_dict()`` use between
         iterations (see the module text); off, touching them there is the
         caller's business (``fetch_all()`` first)."""
@@ -179,6 +202,9 @@ class OffloadRuntime:
         self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
         globals_ = global_tensors(model, optimizer)
         devices = {t.device.type for t, _, _ in globals_}
+        self._cuda_engine = None  # the engine moves CUDA memory itself (teraio.gpu)
+        if staging is None and devices == {"cuda"} and engine is not None and _engine_takes_cuda(engine):
+            self._cuda_engine, staging = engine, False
         if staging is None:
             staging = devices != {"cpu"}
         self.staging = staging
@@ -447,6 +473,8 @@ class OffloadRuntime:
             self._bind_globals()
         self._ids.start_iteration()
         self.k = 0
+        if self._cuda_engine is not None:  # device requests wait for work queued on this stream
+            _gpu.set_stream(self._cuda_engine, torch.cuda.current_stream().cuda_stream)
         self.diverged = False
         self._signature = []
         L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
