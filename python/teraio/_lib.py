@@ -155,6 +155,16 @@ tio_plan_save = _fn("tio_plan_save", c_int, PlanP, c_char_p)
 tio_plan_load = _fn("tio_plan_load", c_int, c_char_p, POINTER(PlanP))
 tio_plan_check = _fn("tio_plan_check", c_int, PlanP, TraceP, LifetimeP)
 
+
+class PlanFastOptions(Structure):
+    _c_name = "tio_plan_fast_options"
+    _fields_ = [("kind_mask", c_uint32), ("best_tier", c_bool), ("planned_stalls", c_bool)]
+
+
+tio_plan_fast_options_default = _fn("tio_plan_fast_options_default", None, POINTER(PlanFastOptions))
+tio_plan_build_fast = _fn("tio_plan_build_fast", c_int, TraceP, LifetimeP, POINTER(PlanOptions),
+                          POINTER(PlanFastOptions), POINTER(PlanP))
+
 # ---- engine -----------------------------------------------------------------
 class EngineOptions(Structure):
     _c_name = "tio_engine_options"

@@ -1,0 +1,612 @@
+"""teraio.torch.compile: offloading inside the compiled program.
+
+    off = teraio.torch.compile.CompiledOffload(model, optimizer, capacity=0.5, ssd=["/mnt/nvme0/x"])
+    for batch in data:
+        with off.step():
+            loss = model(batch); loss.backward(); optimizer.step()
+
+The model is compiled with :attr:`CompiledOffload.backend`, which is
+Inductor (``compile_fx``) with teraio's hook on the graphs AOTAutograd hands
+Inductor (forward, backward, inference); other functions compiled with the
+same backend (``torch.compile(optimizer.step, backend=off.backend)``) take
+part too.  Then:
+
+1. **Profile** (``profile_iterations`` steps, default 2): the compiled code
+   runs as Inductor made it; teraio.torch._compile_profile records the
+   iteration as a trace (every graph node a kernel, timed; every stretch of
+   eager code one kernel) and which graph ran where.
+2. **Plan**: libteraio's planner for ``capacity`` (bytes, or a share of the
+   profiled peak), moving only global tensors (parameters, gradients,
+   optimizer state) and activations (saved by a forward graph for a
+   backward graph): everything else is inside one graph or seen by eager
+   code, which is not watched.  Each graph with a planned migration is
+   compiled again with ``teraio::kernel_begin`` before the planned nodes
+   (teraio.torch._compile_ops); the others keep their code.
+3. **Run**: every region call checks that it is the graph the plan expects
+   at that place of the step; its ``kernel_begin`` calls drive the C
+   runtime (``tio_runtime_kernel_begin`` at the plan's kernel indices,
+   ``tio_runtime_ensure_resident`` for what the next node reads); at the
+   end of a region the runtime is told that the eager kernel after it
+   begins, and what that eager code reads is made resident first.  No
+   Python runs per operator.
+4. **Divergence**: a region the plan does not expect (a graph break taken
+   another way, a recompile for new shapes, an eval pass) makes the step
+   leave the plan: a warning, every tensor fetched back, the rest of the
+   step runs as compiled without teraio.  After ``reprofile_after`` steps of
+   the same new sequence of graphs it is profiled and planned; up to
+   ``max_plans`` plans are kept by sequence and switched without profiling.
+
+Kernel indices: the trace of a step is the concatenation, in run order, of
+eager kernel, graph kernels, eager kernel, ...; a graph run at several
+places of a step (a block compiled once, called per layer) has an instance
+per place, each with its own offset and trace ids, and the ``kernel_begin``
+calls carry the graph-local node index.
+
+Resident bytes: the compiled program's own buffers are Inductor's; the
+runtime holds only the tensors it moves.  The resident bytes at a kernel
+are the trace's memory there (everything resident) less the bytes whose
+storage the runtime has released; they change only where the runtime acts,
+so each ``kernel_begin`` point accounts the kernels up to the next point.
+``peak_resident_bytes`` and ``over_capacity_kernels`` in :meth:`report` are
+these.
+
+Limits: dynamic shapes (symbolic sizes) are not planned (said once; such a
+region runs as compiled); CUDA graphs (``mode="reduce-overhead"``) need
+fixed addresses and are not supported; eager code between regions must
+read the same tensors in every step (it was profiled, it is not watched),
+and tensors are not all resident between steps: call :meth:`fetch_all`
+before reading parameters or optimizer state outside a step (a compiled
+region called outside a step does so itself).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import logging
+import weakref
+
+import torch
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+from .. import _lib as L
+from ..core import KINDS, Engine, Lifetime, Plan, Trace
+from . import _compile_ops
+from ._compile_graph import GraphInfo
+from ._compile_profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
+from .offload import OffloadRuntime
+
+log = logging.getLogger("teraio")
+
+# Every graph teraio's backend saw, by GraphInfo.gid (the `graph` argument of
+# teraio::kernel_begin), with the session that owns it.
+_graphs: list[tuple[GraphInfo, weakref.ref]] = []
+
+
+def _dispatch_op(tensors, graph: int, kernel: int) -> None:
+    info, ref = _graphs[graph]
+    session = ref()
+    if session is not None:
+        session._kernel_op(info, tensors, kernel)
+
+
+_compile_ops.set_handler(_dispatch_op)
+
+
+class _RegionFn:
+    """What teraio's inner compiler returns for a graph: the session decides
+    at each call which compiled code runs (boxed calling convention)."""
+
+    def __init__(self, session: "CompiledOffload", info: GraphInfo):
+        self._boxed_call = True
+        self._session = weakref.ref(session)
+        self.info = info
+
+    def __call__(self, args):
+        s = self._session()
+        if s is None:
+            return self.info.plain(args)
+        return s._run_region(self.info, args)
+
+
+def build_plan(trace: Trace, lt: Lifetime, capacity_bytes: int, read_gbps: float, write_gbps: float,
+               host_cap_bytes: int = 0, kinds=MOVABLE_KINDS) -> Plan:
+    """libteraio's fast planner (strategy "teraio") for `capacity_bytes`,
+    moving only tensors of `kinds`."""
+    opt = L.PlanOptions()
+    L.tio_plan_options_default(ctypes.byref(opt))
+    opt.capacity_bytes = int(capacity_bytes)
+    opt.ssd_read_gbps, opt.ssd_write_gbps = read_gbps, write_gbps
+    opt.host_cap_bytes = int(host_cap_bytes)
+    fopt = L.PlanFastOptions()
+    L.tio_plan_fast_options_default(ctypes.byref(fopt))
+    fopt.kind_mask = sum(1 << KINDS[k] for k in kinds)
+    p = L.PlanP()
+    L.check(L.tio_plan_build_fast(trace._p, lt._p, ctypes.byref(opt), ctypes.byref(fopt), ctypes.byref(p)))
+    return Plan(p, trace)
+
+
+class _GraphRuntime(OffloadRuntime):
+    """The C runtime and its callbacks as the eager path has them, with the
+    bytes it has released counted (the resident bytes of a compiled step
+    are the trace's less these)."""
+
+    def __init__(self, *args, **kwargs):
+        self.released_bytes = 0
+        super().__init__(*args, **kwargs)
+
+    def _release(self, ctx, tensor):
+        rc = super()._release(ctx, tensor)
+        if rc == 0:
+            self.released_bytes += self.trace.tensor_bytes(tensor)
+        return rc
+
+    def _allocate(self, ctx, tensor, nbytes, addr):
+        rc = super()._allocate(ctx, tensor, nbytes, addr)
+        if rc == 0:
+            self.released_bytes -= self.trace.tensor_bytes(tensor)
+        return rc
+
+    def _drain_deaths(self) -> None:
+        for i, key in self._deaths:
+            if self._bound.get(i) == key and i in self._released:
+                self.released_bytes -= self.trace.tensor_bytes(i)
+        super()._drain_deaths()
+
+
+class _Entry:
+    """One sequence of graphs: its trace, plan, and where the plan acts.
+
+    For each instance (graph run) of the sequence: `op_ids[j]` are the trace
+    ids of the tensors the ``kernel_begin`` call before local kernel j
+    takes (aligned with the graph's op arguments, None where this instance
+    moves nothing of that storage), `op_ensure[j]` the ids it must leave
+    resident (their next use is kernel j), `bind_in`/`bind_out` the
+    (input/output position, id) of moved intermediate tensors to bind at
+    the region's start and end, `eager_ensure` the moved ids the eager
+    kernel after it reads.  `points` are the kernels where the runtime is
+    called, with the largest trace memory up to the next one.
+    """
+
+    def __init__(self, prof: Profile, trace: Trace, lt: Lifetime, plan: Plan, capacity: int):
+        self.sequence = prof.sequence
+        self.instances = prof.instances
+        self.trace, self.lifetime, self.plan = trace, lt, plan
+        self.capacity_bytes = capacity
+        self.iterations = 0
+        n = trace.n_kernels
+        migs = plan.migrations()
+        moved = {m["tensor"] for m in migs}
+        events: dict[int, set] = {}
+        due: dict[int, set] = {}
+        for m in migs:
+            events.setdefault(m["trigger"], set()).add(m["tensor"])
+            events.setdefault(m["deadline"], set()).add(m["tensor"])
+            if m["kind"] == "prefetch":
+                due.setdefault(m["deadline"], set()).add(m["tensor"])
+        glob = {i for i in range(trace.n_tensors) if trace.tensor_is_global(i)}
+        accesses = [acc for _, _, acc in prof.kernels]
+        self.eager_ensure0 = sorted(moved & {i for i, _ in accesses[0]})
+        self.ops: dict[str, dict[int, list[int]]] = {}   # graph key -> kernel -> local storages
+        for inst in self.instances:
+            ops = self.ops.setdefault(inst.info.key, {})
+            sids: dict[int, list[int]] = {}
+            for s, i in enumerate(inst.ids):
+                if i in moved:
+                    sids.setdefault(i, []).append(s)
+            for j in range(inst.info.n_kernels):
+                ids = events.get(inst.offset + j)
+                if ids:
+                    cur = ops.setdefault(j, [])
+                    cur += [s for i in sorted(ids) for s in sids.get(i, [])[:1] if s not in cur]
+        for inst in self.instances:
+            info, ops = inst.info, self.ops[inst.info.key]
+            inst.op_ids = {j: [inst.ids[s] if inst.ids[s] in moved else None for s in ss]
+                           for j, ss in ops.items()}
+            inst.op_ensure = {j: sorted({inst.ids[s] for s in ss} & due.get(inst.offset + j, set()))
+                              for j, ss in ops.items()}
+            inter = moved - glob
+            inst.bind_in = [(p, inst.ids[p]) for p in range(info.n_inputs) if inst.ids[p] in inter]
+            inst.bind_out = [(p, inst.ids[s]) for p, s in enumerate(info.outputs)
+                             if s is not None and s >= info.n_inputs and inst.ids[s] in inter]
+            k_eager = inst.offset + info.n_kernels
+            inst.eager_kernel = k_eager
+            inst.eager_ensure = sorted(moved & {i for i, _ in accesses[k_eager]})
+        pts = sorted({0} | {inst.eager_kernel for inst in self.instances}
+                     | {inst.offset + j for inst in self.instances for j in self.ops[inst.info.key]})
+        curve = lt.memory_curve()
+        self.point_max = {k: max(curve[k:(pts[x + 1] if x + 1 < len(pts) else n)])
+                          for x, k in enumerate(pts)}
+        self.n_ops = sum(len(v) for v in self.ops.values())
+
+    def describe(self) -> dict:
+        p = self.plan
+        return {"graphs": len(set(self.sequence)), "regions": len(self.sequence),
+                "kernels": self.trace.n_kernels, "peak_bytes": self.lifetime.peak_bytes,
+                "working_set_floor_bytes": self.lifetime.max_active_bytes,
+                "capacity_bytes": self.capacity_bytes, "planned_peak_bytes": p.planned_peak_bytes,
+                "fits": bool(p.fits), "migrations": p.n_migrations, "kernel_begin_calls": self.n_ops,
+                "bytes_to_ssd": p.bytes_to_ssd, "bytes_to_host": p.bytes_to_host,
+                "plan_seconds": p.plan_seconds, "iterations": self.iterations}
+
+
+class CompiledOffload:
+    """A compiled training job's offloading: profile, plan, run, re-plan
+    (module text).  ``capacity``: bytes (int) or a share of the profiled
+    peak (float in (0, 1]); ``ssd``: one or more directories.  With
+    ``compile_model`` (default) ``model.compile(backend=self.backend,
+    dynamic=False)`` is called; else compile what you like with
+    :attr:`backend`."""
+
+    def __init__(self, model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *,
+                 profile_iterations: int = 2, reprofile_after: int = 2, max_plans: int = 4,
+                 host_cap_bytes: int = 0, bandwidth_share: float = 0.7, space_bytes: int | None = None,
+                 staging: bool | None = None, compile_model: bool = True, name: str | None = None):
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, float)):
+            raise TypeError(f"capacity must be bytes (int) or a share of the peak (float), got {capacity!r}")
+        if isinstance(capacity, float) and not 0 < capacity <= 1:
+            raise ValueError(f"capacity as a share of the peak must be in (0, 1], got {capacity}")
+        if isinstance(capacity, int) and capacity <= 0:
+            raise ValueError(f"capacity must be > 0 bytes, got {capacity}")
+        if isinstance(ssd, (str, bytes)) or not ssd:
+            raise ValueError("ssd must be a list of one or more directories")
+        for what, v in (("profile_iterations", profile_iterations), ("reprofile_after", reprofile_after),
+                        ("max_plans", max_plans)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
+        self.model, self.optimizer = model, optimizer
+        self.capacity, self.ssd = capacity, [str(d) for d in ssd]
+        self.profile_iterations, self.reprofile_after, self.max_plans = profile_iterations, reprofile_after, max_plans
+        self.host_cap_bytes, self.bandwidth_share = host_cap_bytes, bandwidth_share
+        self.space_bytes, self.staging = space_bytes, staging
+        self.name = name or type(model).__name__
+        self._plans: dict[tuple, _Entry] = {}
+        self._seen: dict[tuple, int] = {}
+        self._unplannable: dict[tuple, str] = {}
+        self._profile_left = profile_iterations
+        self._rec: Recorder | None = None
+        self._entry: _Entry | None = None     # the plan the current/next step runs
+        self._rt: _GraphRuntime | None = None
+        self._engine: Engine | None = None
+        self._gbps: tuple[float, float] | None = None
+        self._in_step = False
+        self._active = False                  # the step follows self._entry
+        self._pos = 0
+        self._observed: list[str] = []
+        self._current: dict[int, Instance] = {}
+        self._peak = 0
+        self._over = (0, 0)                   # kernels over the capacity, largest excess
+        self._counts = {"profiled": 0, "planned": 0, "diverged": 0, "reprofiles": 0, "switches": 0}
+        self._totals: dict[str, int] = {}
+        self._warned: set = set()
+        self._closed = False
+        if compile_model:
+            model.compile(backend=self.backend, dynamic=False)
+
+    # -- the backend ------------------------------------------------------------
+    def backend(self, gm: torch.fx.GraphModule, example_inputs):
+        """A torch.compile backend: Inductor, with teraio on every graph
+        AOTAutograd produces.  AOTAutograd's cache is off for these
+        compilations: an entry made here must not serve plain Inductor, and
+        a plain entry would skip teraio's hook."""
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs, inner_compile=self._inner_compile)
+
+    def _inner_compile(self, gm, example_inputs, **kwargs):
+        kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+        saved = copy.deepcopy(gm)
+        plain = compile_fx_inner(gm, example_inputs, **kwargs)
+        info = GraphInfo(len(_graphs), saved, kind)
+        info.plain = plain
+        info.variants = {}
+        info.compile_args = (example_inputs, kwargs, torch._guards.TracingContext.try_get(),
+                             torch._guards.CompileContext.try_get())
+        _graphs.append((info, weakref.ref(self)))
+        return _RegionFn(self, info)
+
+    def _variant(self, info: GraphInfo, entry: _Entry):
+        """The compiled code of `info` under `entry`'s plan: Inductor's own
+        where the plan has no call in it, else compiled once with the
+        ``kernel_begin`` calls."""
+        fn = info.variants.get(id(entry))
+        if fn is None:
+            ops = entry.ops.get(info.key)
+            if not ops:
+                fn = info.plain
+            else:
+                example_inputs, kwargs, tctx, cctx = info.compile_args
+                gm = info.with_ops(ops)
+                ctx = torch._guards.tracing(tctx) if tctx is not None else contextlib.nullcontext()
+                cc = torch._guards.compile_context(cctx) if cctx is not None else contextlib.nullcontext()
+                # Inductor's peak-memory reordering moves nodes it has no
+                # dependency for; the calls must stay where the plan put them.
+                with ctx, cc, torch._inductor.config.patch(reorder_for_peak_memory=False):
+                    fn = compile_fx_inner(gm, example_inputs, **kwargs)
+            info.variants[id(entry)] = fn
+        return fn
+
+    # -- regions ----------------------------------------------------------------
+    def _run_region(self, info: GraphInfo, args):
+        if not self._in_step:
+            if self._rt is not None and self._rt.released_bytes:
+                self._fetch_back()
+            return info.plain(args)
+        self._observed.append(info.key)
+        if self._rec is not None:
+            return self._rec.region(info, info.plain, args)
+        if not self._active:
+            return info.plain(args)
+        entry, p = self._entry, self._pos
+        self._pos += 1
+        if p >= len(entry.sequence) or entry.sequence[p] != info.key:
+            why = (f"region {p} is graph {info.key} ({info.kind}), the plan has "
+                   + (f"graph {entry.sequence[p]}" if p < len(entry.sequence) else "no more regions"))
+            self._diverge(why)
+            return info.plain(args)
+        inst = entry.instances[p]
+        self._current[info.gid] = inst
+        for pos, i in inst.bind_in:
+            self._bind(i, args[pos])
+        fn = self._variant(info, entry)
+        out = fn(args)
+        for pos, i in inst.bind_out:
+            self._bind(i, out[pos])
+        self._kernel(inst.eager_kernel, EAGER, inst.eager_ensure)
+        return out
+
+    def _kernel_op(self, info: GraphInfo, tensors, j: int) -> None:
+        """teraio::kernel_begin(tensors, graph=info, kernel=j)."""
+        inst = self._current.get(info.gid)
+        if not self._active or inst is None or inst.info is not info:
+            return
+        for t, i in zip(tensors, inst.op_ids[j]):
+            if i is not None:
+                self._bind(i, t)
+        self._kernel(inst.offset + j, info.names[j], inst.op_ensure[j])
+
+    def _bind(self, i: int, t: torch.Tensor) -> None:
+        rt = self._rt
+        st = t.untyped_storage()
+        if rt._bound.get(i) == st._cdata or not st.nbytes():
+            return
+        rt._ids.assign(st, i)
+        rt._bind(i, st)
+
+    def _kernel(self, k: int, name: str, ensure) -> None:
+        """The runtime's kernel_begin(k), then what kernel k reads made
+        resident, then the resident bytes up to the next point accounted."""
+        rt = self._rt
+        rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode()))
+        for i in ensure:
+            if i in rt._bound:
+                L.check(L.tio_runtime_ensure_resident(rt._p, i, None))
+        if rc == 1:
+            self._diverge(f"the runtime found kernel {k} is not '{name}'")
+            return
+        resident = self._entry.point_max[k] - rt.released_bytes
+        self._peak = max(self._peak, resident)
+        over = resident - self._entry.capacity_bytes
+        if over > 0:
+            self._over = (self._over[0] + 1, max(self._over[1], over))
+
+    def _diverge(self, why: str) -> None:
+        self._warn(("diverged", self._entry.sequence, why),
+                   f"teraio: the compiled step left its plan ({why}); offloaded tensors are fetched back "
+                   f"and the rest of the step runs without teraio")
+        self._active = False
+        self._counts["diverged"] += 1
+        self._fetch_back()
+
+    def _fetch_back(self) -> None:
+        self._rt.fetch_all()
+
+    def _warn(self, key, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", msg)
+
+    # -- the runtime --------------------------------------------------------------
+    def _use(self, entry: _Entry) -> None:
+        """Run `entry`'s plan from the next step on."""
+        if self._entry is entry and self._rt is not None:
+            return
+        if self._rt is not None:
+            self._counts["switches"] += 1
+        self._close_runtime()
+        self._entry = entry
+        self._rt = _GraphRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
+                                 staging=self.staging)
+        for info in {x.info.gid: x.info for x in entry.instances}.values():
+            self._variant(info, entry)
+
+    def _close_runtime(self) -> None:
+        if self._rt is not None:
+            for k, v in self._rt.stats().items():
+                if isinstance(v, bool):
+                    continue
+                self._totals[k] = self._totals.get(k, 0) + v
+            self._rt.close()
+            self._rt = None
+
+    def _capacity_for(self, lt: Lifetime) -> int:
+        if isinstance(self.capacity, float):
+            return max(1, int(lt.peak_bytes * self.capacity))
+        return self.capacity
+
+    def _engine_for(self, lt: Lifetime, trace: Trace) -> Engine:
+        need = self.space_bytes or 2 * lt.peak_bytes + 4096 * trace.n_tensors + (64 << 20)
+        if self._engine is None or getattr(self, "_engine_space", 0) < need:
+            self._close_runtime()
+            if self._engine is not None:
+                self._engine.close()
+            self._engine = Engine(self.ssd, need)
+            self._engine_space = need
+            if self._gbps is None:
+                self._gbps = self._engine.measure_gbps(min(256 << 20, max(16 << 20, lt.peak_bytes // 4)))
+        return self._engine
+
+    def _plan(self, prof: Profile) -> None:
+        bad = next((x.info for x in prof.instances if x.info.unplannable), None)
+        if bad is not None:
+            self._unplannable[prof.sequence] = f"graph {bad.key} ({bad.kind}): {bad.unplannable}"
+            self._warn(("unplannable", prof.sequence),
+                       f"teraio: a compiled step cannot be planned ({self._unplannable[prof.sequence]}); "
+                       f"it runs without teraio")
+            return
+        trace = Trace.build(self.name, prof.tensors, prof.kernels)
+        lt = Lifetime(trace)
+        cap = self._capacity_for(lt)
+        self._engine_for(lt, trace)
+        rg, wg = self._gbps
+        plan = build_plan(trace, lt, cap, rg * self.bandwidth_share, wg * self.bandwidth_share,
+                          self.host_cap_bytes)
+        if not plan.fits:
+            log.warning("teraio: the compiled step's plan for capacity %d bytes does not fit: planned peak %d",
+                        cap, plan.planned_peak_bytes)
+        entry = _Entry(prof, trace, lt, plan, cap)
+        self._plans[prof.sequence] = entry
+        while len(self._plans) > self.max_plans:
+            old = next(iter(self._plans))
+            if self._plans[old] is self._entry:
+                break
+            del self._plans[old]
+        self._seen.pop(prof.sequence, None)
+        log.info("teraio: planned a compiled step of %d regions: %d kernels, peak %d bytes, capacity %d, "
+                 "planned %d, %d migrations, %d kernel_begin calls", len(prof.sequence), trace.n_kernels,
+                 lt.peak_bytes, cap, plan.planned_peak_bytes, plan.n_migrations, entry.n_ops)
+        self._use(entry)
+
+    # -- steps ------------------------------------------------------------------
+    def step(self):
+        """Context manager around one training step (forward, backward,
+        optimizer step)."""
+        return _Step(self)
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise RuntimeError("teraio: CompiledOffload is closed")
+        if self._in_step:
+            raise RuntimeError("teraio: step() is already running")
+        self._in_step = True
+        self._observed = []
+        self._pos = 0
+        self._current.clear()
+        if self._rt is None:
+            self._rec = Recorder(self.model, self.optimizer, self.name)
+            self._rec.mode.__enter__()
+            return
+        rt = self._rt
+        rt._drain_deaths()
+        rt._ids.start_iteration()
+        L.check(L.tio_runtime_iteration_begin(rt._p))
+        self._active = True
+        self._kernel(0, EAGER, self._entry.eager_ensure0)
+
+    def _exit(self, failed: bool) -> None:
+        self._in_step = False
+        rec, self._rec = self._rec, None
+        if rec is not None:
+            rec.mode.__exit__(None, None, None)
+            if failed:
+                return
+            self._counts["profiled"] += 1
+            self._profile_left -= 1
+            if self._profile_left == 0:
+                self._plan(rec.finish())
+            return
+        active, self._active = self._active, False
+        if failed:
+            self._fetch_back()
+            return
+        entry = self._entry
+        if active and self._pos != len(entry.sequence):
+            self._active = True
+            self._diverge(f"the step ended after {self._pos} of the plan's {len(entry.sequence)} regions")
+            self._active = False
+        seq = tuple(self._observed)
+        if seq == entry.sequence:
+            self._counts["planned"] += 1
+            entry.iterations += 1
+            return
+        if seq in self._plans:
+            self._use(self._plans[seq])
+        elif seq not in self._unplannable:
+            self._seen[seq] = self._seen.get(seq, 0) + 1
+            if self._seen[seq] >= self.reprofile_after:
+                self._close_runtime()
+                self._profile_left = 1
+                self._counts["reprofiles"] += 1
+
+    # -- public -----------------------------------------------------------------
+    @property
+    def plan(self) -> Plan | None:
+        return self._entry.plan if self._entry else None
+
+    @property
+    def trace(self) -> Trace | None:
+        return self._entry.trace if self._entry else None
+
+    @property
+    def lifetime(self) -> Lifetime | None:
+        return self._entry.lifetime if self._entry else None
+
+    @property
+    def ssd_gbps(self) -> tuple[float, float] | None:
+        return self._gbps
+
+    def fetch_all(self) -> None:
+        """Bring every offloaded tensor back now."""
+        if self._rt is not None:
+            self._fetch_back()
+
+    def report(self) -> dict:
+        s = dict(self._totals)
+        if self._rt is not None:
+            for k, v in self._rt.stats().items():
+                if not isinstance(v, bool):
+                    s[k] = s.get(k, 0) + v
+        s.pop("peak_resident_bytes", None)
+        s.pop("resident_bytes", None)
+        out = {"mode": "compiled", **{f"{k}_iterations": v for k, v in self._counts.items()
+                                      if k in ("profiled", "planned", "diverged")},
+               "reprofiles": self._counts["reprofiles"], "plan_switches": self._counts["switches"],
+               "plans": [e.describe() for e in self._plans.values()],
+               "unplannable": list(self._unplannable.values()), "ssd_dirs": self.ssd,
+               "peak_resident_bytes": self._peak, "over_capacity_kernels": self._over[0],
+               "over_capacity_bytes_max": self._over[1]}
+        if self._gbps:
+            out["ssd_read_gbps"], out["ssd_write_gbps"] = self._gbps
+        if self._engine is not None:
+            out["backend"] = self._engine.backend
+        out.update(s)
+        out["stall_s"] = s.get("stall_ns", 0) / 1e9
+        return out
+
+    def close(self) -> None:
+        """Bring everything back and release the engine and its files."""
+        if self._closed:
+            return
+        self._close_runtime()
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Step:
+    def __init__(self, off: CompiledOffload):
+        self.off = off
+
+    def __enter__(self):
+        self.off._enter()
+        return self.off
+
+    def __exit__(self, *exc):
+        self.off._exit(exc[0] is not None)
+        return False
