@@ -84,10 +84,13 @@ _graphs: list[tuple[GraphInfo, weakref.ref]] = []
 
 
 def _dispatch_op(tensors, graph: int, kernel: int) -> None:
-    info, ref = _graphs[graph]
-    session = ref()
-    if session is not None:
-        session._kernel_op(info, tensors, kernel)
+    """teraio::kernel_begin's implementation; a graph no session of this
+    process compiled (an opcheck, a graph from elsewhere) moves nothing."""
+    if 0 <= graph < len(_graphs):
+        info, ref = _graphs[graph]
+        session = ref()
+        if session is not None:
+            session._kernel_op(info, tensors, kernel)
 
 
 _compile_ops.set_handler(_dispatch_op)
@@ -233,7 +236,10 @@ class _Entry:
 class CompiledOffload:
     """A compiled training job's offloading: profile, plan, run, re-plan
     (module text).  ``capacity``: bytes (int) or a share of the profiled
-    peak (float in (0, 1]); ``ssd``: one or more directories.  With
+    peak (float in (0, 1]); ``ssd``: one or more directories;
+    ``ssd_gbps``: the (read, write) GB/s the planner assumes (default:
+    measured through the engine; a plan assuming more than the SSD gives
+    waits at its deadlines, it never exceeds the capacity).  With
     ``compile_model`` (default) ``model.compile(backend=self.backend,
     dynamic=False)`` is called; else compile what you like with
     :attr:`backend`."""
@@ -241,7 +247,8 @@ class CompiledOffload:
     def __init__(self, model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *,
                  profile_iterations: int = 2, reprofile_after: int = 2, max_plans: int = 4,
                  host_cap_bytes: int = 0, bandwidth_share: float = 0.7, space_bytes: int | None = None,
-                 staging: bool | None = None, compile_model: bool = True, name: str | None = None):
+                 staging: bool | None = None, compile_model: bool = True, name: str | None = None,
+                 ssd_gbps: tuple[float, float] | None = None):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, float)):
             raise TypeError(f"capacity must be bytes (int) or a share of the peak (float), got {capacity!r}")
         if isinstance(capacity, float) and not 0 < capacity <= 1:
@@ -261,14 +268,14 @@ class CompiledOffload:
         self.space_bytes, self.staging = space_bytes, staging
         self.name = name or type(model).__name__
         self._plans: dict[tuple, _Entry] = {}
-        self._seen: dict[tuple, int] = {}
+        self._seen: dict[tuple, int] = {}   # sequences without a plan: steps that ran them
         self._unplannable: dict[tuple, str] = {}
         self._profile_left = profile_iterations
         self._rec: Recorder | None = None
         self._entry: _Entry | None = None     # the plan the current/next step runs
         self._rt: _GraphRuntime | None = None
         self._engine: Engine | None = None
-        self._gbps: tuple[float, float] | None = None
+        self._gbps: tuple[float, float] | None = tuple(ssd_gbps) if ssd_gbps else None
         self._in_step = False
         self._active = False                  # the step follows self._entry
         self._pos = 0
@@ -337,6 +344,8 @@ class CompiledOffload:
         if not self._active:
             return info.plain(args)
         entry, p = self._entry, self._pos
+        if p == 0 and entry.sequence[0] != info.key:
+            entry = self._switch_at_first_region(info) or entry
         self._pos += 1
         if p >= len(entry.sequence) or entry.sequence[p] != info.key:
             why = (f"region {p} is graph {info.key} ({info.kind}), the plan has "
@@ -353,6 +362,27 @@ class CompiledOffload:
             self._bind(i, out[pos])
         self._kernel(inst.eager_kernel, EAGER, inst.eager_ensure)
         return out
+
+    def _switch_at_first_region(self, info: GraphInfo) -> _Entry | None:
+        """The step's first region is not the plan's: if a kept plan starts
+        with this graph, run the step under it (the old runtime brings its
+        tensors back, the new one places them)."""
+        entry = next((e for e in reversed(self._plans.values()) if e.sequence[0] == info.key), None)
+        if entry is None:
+            return None
+        self._use(entry)
+        self._begin_plan()
+        return entry
+
+    def _begin_plan(self) -> None:
+        """iteration_begin, then kernel 0 (the eager code before the first
+        region)."""
+        rt = self._rt
+        rt._drain_deaths()
+        rt._ids.start_iteration()
+        L.check(L.tio_runtime_iteration_begin(rt._p))
+        self._active = True
+        self._kernel(0, EAGER, self._entry.eager_ensure0)
 
     def _kernel_op(self, info: GraphInfo, tensors, j: int) -> None:
         """teraio::kernel_begin(tensors, graph=info, kernel=j)."""
@@ -495,12 +525,7 @@ class CompiledOffload:
             self._rec = Recorder(self.model, self.optimizer, self.name)
             self._rec.mode.__enter__()
             return
-        rt = self._rt
-        rt._drain_deaths()
-        rt._ids.start_iteration()
-        L.check(L.tio_runtime_iteration_begin(rt._p))
-        self._active = True
-        self._kernel(0, EAGER, self._entry.eager_ensure0)
+        self._begin_plan()
 
     def _exit(self, failed: bool) -> None:
         self._in_step = False
@@ -524,18 +549,27 @@ class CompiledOffload:
             self._diverge(f"the step ended after {self._pos} of the plan's {len(entry.sequence)} regions")
             self._active = False
         seq = tuple(self._observed)
-        if seq == entry.sequence:
+        if active and seq == entry.sequence:
             self._counts["planned"] += 1
             entry.iterations += 1
-            return
+        self._choose_next(seq)
+
+    def _choose_next(self, seq: tuple) -> None:
+        """After a step that ran the graphs `seq`: that sequence's plan for
+        the next step, or a profile when it has none and was seen
+        reprofile_after times.  (A step that starts with another plan's
+        first graph switches to it there: _switch_at_first_region.)"""
         if seq in self._plans:
             self._use(self._plans[seq])
-        elif seq not in self._unplannable:
-            self._seen[seq] = self._seen.get(seq, 0) + 1
-            if self._seen[seq] >= self.reprofile_after:
-                self._close_runtime()
-                self._profile_left = 1
-                self._counts["reprofiles"] += 1
+            return
+        if seq in self._unplannable:
+            return
+        self._seen[seq] = self._seen.get(seq, 0) + 1
+        if self._seen[seq] >= self.reprofile_after:
+            self._close_runtime()
+            self._entry = None
+            self._profile_left = 1
+            self._counts["reprofiles"] += 1
 
     # -- public -----------------------------------------------------------------
     @property
