@@ -286,6 +286,8 @@ class CompiledOffload:
         self._counts = {"profiled": 0, "planned": 0, "diverged": 0, "reprofiles": 0, "switches": 0}
         self._totals: dict[str, int] = {}
         self._warned: set = set()
+        self._curve: list | None = None
+        self._curve_points: list | None = None
         self._closed = False
         if compile_model:
             model.compile(backend=self.backend, dynamic=False)
@@ -382,12 +384,13 @@ class CompiledOffload:
         rt._ids.start_iteration()
         L.check(L.tio_runtime_iteration_begin(rt._p))
         self._active = True
+        self._curve_points = [] if self._curve is not None else None
         self._kernel(0, EAGER, self._entry.eager_ensure0)
 
     def _kernel_op(self, info: GraphInfo, tensors, j: int) -> None:
         """teraio::kernel_begin(tensors, graph=info, kernel=j)."""
         inst = self._current.get(info.gid)
-        if not self._active or inst is None or inst.info is not info:
+        if not self._active or inst is None:
             return
         for t, i in zip(tensors, inst.op_ids[j]):
             if i is not None:
@@ -414,6 +417,8 @@ class CompiledOffload:
             self._diverge(f"the runtime found kernel {k} is not '{name}'")
             return
         resident = self._entry.point_max[k] - rt.released_bytes
+        if self._curve_points is not None:
+            self._curve_points.append((k, rt.released_bytes))
         self._peak = max(self._peak, resident)
         over = resident - self._entry.capacity_bytes
         if over > 0:
@@ -552,6 +557,7 @@ class CompiledOffload:
         if active and seq == entry.sequence:
             self._counts["planned"] += 1
             entry.iterations += 1
+            self._fill_curve()
         self._choose_next(seq)
 
     def _choose_next(self, seq: tuple) -> None:
@@ -571,7 +577,27 @@ class CompiledOffload:
             self._profile_left = 1
             self._counts["reprofiles"] += 1
 
+    def _fill_curve(self) -> None:
+        """The resident bytes per kernel of the step just run, into the list
+        record_curve gave."""
+        points, self._curve_points = self._curve_points, None
+        if points is None:
+            return
+        curve = self._entry.lifetime.memory_curve()
+        released, x = 0, 0
+        for k, m in enumerate(curve):
+            while x < len(points) and points[x][0] <= k:
+                released = points[x][1]
+                x += 1
+            self._curve.append(m - released)
+        self._curve = None
+
     # -- public -----------------------------------------------------------------
+    def record_curve(self, curve: list) -> None:
+        """Append the resident bytes at each kernel of the next planned step
+        to `curve` (left empty if that step does not follow its plan)."""
+        self._curve = curve
+
     @property
     def plan(self) -> Plan | None:
         return self._entry.plan if self._entry else None
