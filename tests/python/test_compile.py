@@ -23,7 +23,7 @@ from conftest import TinyJob
 def test_kernel_begin_passes_opcheck():
     a, b = torch.randn(4, 8), torch.randn(3)
     w = nn.Parameter(torch.randn(5))
-    for args in (([a, b], None, 0, 1), ([], torch.empty(0), 3, 0), ([w, a[1:]], torch.empty(0), 1, 7)):
+    for args in (([a, b], [], None, 0, 1), ([], [b], torch.empty(0), 3, 0), ([w], [a[1:]], torch.empty(0), 1, 7)):
         result = torch.library.opcheck(_compile_ops.kernel_begin, args)
         assert set(result.values()) == {"SUCCESS"}, result
 
@@ -33,8 +33,8 @@ def test_kernel_begin_survives_dead_code_elimination():
     x = g.placeholder("x")
     y = g.call_function(torch.ops.aten.relu.default, (x,))
     g.call_function(torch.ops.aten.neg.default, (y,))  # dead: no user
-    tok = g.call_function(_compile_ops.kernel_begin, ([x], None, 0, 1))
-    g.call_function(_compile_ops.kernel_begin, ([y], tok, 0, 2))
+    tok = g.call_function(_compile_ops.kernel_begin, ([x], [], None, 0, 1))
+    g.call_function(_compile_ops.kernel_begin, ([], [y], tok, 0, 2))
     g.output(y)
     g.eliminate_dead_code()
     targets = [n.target for n in g.nodes if n.op == "call_function"]
@@ -101,9 +101,9 @@ def _compiled_sources(off):
     out = []
     for info, ref in _graphs:
         if ref() is off:
-            for fn in info.variants.values():
-                if fn is not info.plain:
-                    out.append((info, fn.source_code))
+            fn = off._variant(info, off._entry)
+            if fn is not info.plain:
+                out.append((info, fn.source_code))
     return out
 
 
@@ -133,7 +133,8 @@ def test_released_activation_is_never_read_again_in_the_forward_code(llama_runs)
     for n, line in op_lines:
         j = int(re.search(r", (\d+)\)$", line).group(1))
         gone = released.get(inst.offset + j, set())
-        bufs = re.search(r"\(\[([^\]]*)\]", line).group(1).split(", ") if "([]" not in line else []
+        lists = re.search(r"\(\[([^\]]*)\], \[([^\]]*)\]", line).groups()
+        bufs = [b for part in lists for b in part.split(", ") if b]
         for buf, i in zip(bufs, inst.op_ids[j]):
             if i not in gone:
                 continue

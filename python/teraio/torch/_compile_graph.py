@@ -215,22 +215,29 @@ class GraphInfo:
     def n_kernels(self) -> int:
         return len(self.kernel_nodes)
 
-    def with_ops(self, ops: dict[int, list[int]]) -> fx.GraphModule:
+    def with_ops(self, ops: dict[int, tuple[list[int], list[int]]]) -> fx.GraphModule:
         """A copy of the graph with ``teraio::kernel_begin`` before each
-        kernel j of `ops` (kernel -> local storages its call takes), chained
-        by their tokens in kernel order."""
+        kernel j of `ops` (kernel -> the local storages its call moves and
+        those it only reads), chained by their tokens in kernel order."""
         gm = copy.deepcopy(self.gm)
         g = gm.graph
+        for n in g.nodes:
+            # Regions between mutations that AOTAutograd's joint-graph passes
+            # recorded before the calls existed: stale, Inductor's FX
+            # reordering (reorder_for_locality) would move a reader past a
+            # call.  Without them Inductor counts the calls as mutations.
+            n.meta.pop("mutation_region_id", None)
         by_name = {n.name: n for n in g.nodes}
         kernels = [by_name[n.name] for n in self.kernel_nodes]
         fake_mode = torch._guards.detect_fake_mode(
             [n.meta.get("val") for n in g.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
         token = None
         for j in sorted(ops):
-            args = [by_name[self._rep[s]] for s in ops[j]]
+            moved, read = ([by_name[self._rep[s]] for s in ss] for ss in ops[j])
             with g.inserting_before(kernels[j]):
-                token = g.call_function(kernel_begin, (args, token, self.gid, j))
-            dev = args[0].meta["val"].device if args else torch.device("cpu")
+                token = g.call_function(kernel_begin, (moved, read, token, self.gid, j))
+            first = (moved + read)[:1]
+            dev = first[0].meta["val"].device if first else torch.device("cpu")
             with fake_mode or torch._subclasses.FakeTensorMode():
                 token.meta["val"] = torch.empty(0, device=dev)
         g.lint()

@@ -1,26 +1,37 @@
 """teraio::kernel_begin — the custom operator teraio puts into compiled graphs.
 
-    kernel_begin(Tensor(a!)[] tensors, Tensor? after, int graph, int kernel) -> Tensor
+    kernel_begin(Tensor(a!)[] moved, Tensor[] read, Tensor? after, int graph, int kernel) -> Tensor
 
 One call stands before graph node `kernel` of graph `graph` wherever the plan
 has a migration due or starting at that kernel; it tells libteraio's runtime
 that the kernel is about to run (``tio_runtime_kernel_begin``), which waits
 for the writes and reads due there, releases and re-allocates storage
 (``untyped_storage().resize_()``) and starts the transfers that begin there.
-``tensors`` are the graph's values among the tensors those migrations move.
+``moved`` are the graph's values among the tensors whose storage is released,
+allocated or completed there; ``read`` those whose write to SSD only starts
+there (the write reads them; nothing changes).
 
 Why this schema (torch/_functorch/_activation_offloading/offload_ops.py is
 the peer; its notes list what breaks such ops):
 
-* ``Tensor(a!)[] tensors``: the call is declared to write every tensor it
-  moves.  Inductor orders a write after every earlier reader of the buffer
-  and before every later one (its mutation dependencies), so a release can
-  never run before the last read of the period it starts, and no kernel can
-  read a prefetched tensor before the wait that completes it.  The values do
-  not change: the bytes that come back are the bytes that went out.  A
-  mutable schema also makes the call impure for FX's and Inductor's
-  dead-code elimination (torch._library.utils.is_impure), and it is
-  registered with ``torch.fx.has_side_effect`` as well.
+* ``Tensor(a!)[] moved``: the call is declared to write every tensor whose
+  storage it changes.  Inductor orders a write after every earlier reader of
+  the buffer and before every later one (its mutation dependencies), so a
+  release can never run before the last read of the period it starts, and
+  no kernel can read a prefetched tensor before the wait that completes it.
+  The values do not change: the bytes that come back are the bytes that
+  went out.  A mutable schema also makes the call impure for FX's and
+  Inductor's dead-code elimination (torch._library.utils.is_impure), and it
+  is registered with ``torch.fx.has_side_effect`` as well.
+* Inductor computes pointwise values lazily and makes a buffer of one only
+  when something needs it; a mutation must make the pending readers of the
+  old value real first.  Its fallback path does that only after the
+  mutating call is registered, so such a reader would be scheduled after
+  the call: after a release.  :func:`register_inductor_lowering` gives the
+  operator a lowering that marks the moved buffers mutated first.
+* ``Tensor[] read``: a write that only starts needs no order beyond its data
+  dependence, and declaring it a mutation would make Inductor realize
+  values it would otherwise fuse away.
 * ``Tensor? after`` -> ``Tensor``: each call returns a new 0-element token
   that the next call of the same graph takes, so the calls stay in plan
   order whatever Inductor's scheduler does; nothing else reads a token.
@@ -44,9 +55,9 @@ import torch
 from torch.fx.node import has_side_effect
 
 _lib = torch.library.Library("teraio", "DEF")
-_lib.define("kernel_begin(Tensor(a!)[] tensors, Tensor? after, int graph, int kernel) -> Tensor")
+_lib.define("kernel_begin(Tensor(a!)[] moved, Tensor[] read, Tensor? after, int graph, int kernel) -> Tensor")
 
-# The adapter's entry point: handler(tensors, graph, kernel).  One per
+# The adapter's entry point: handler(moved, read, graph, kernel).  One per
 # process: the compiled path of teraio.torch.compile installs it.
 _handler: Callable | None = None
 
@@ -56,15 +67,16 @@ def set_handler(fn: Callable | None) -> None:
     _handler = fn
 
 
-def _token(tensors) -> torch.Tensor:
-    return torch.empty(0, device=tensors[0].device if tensors else "cpu")
+def _token(moved, read) -> torch.Tensor:
+    first = moved[0] if moved else read[0] if read else None
+    return torch.empty(0, device=first.device if first is not None else "cpu")
 
 
-def _kernel_begin(tensors, after, graph, kernel):
+def _kernel_begin(moved, read, after, graph, kernel):
     h = _handler
     if h is not None:
-        h(tensors, graph, kernel)
-    return _token(tensors)
+        h(moved, read, graph, kernel)
+    return _token(moved, read)
 
 
 _lib.impl("kernel_begin", _kernel_begin, "CompositeExplicitAutograd")
@@ -74,9 +86,33 @@ _lib.impl("kernel_begin", torch.library.fallthrough_kernel, "Autograd")
 
 
 @torch.library.register_fake("teraio::kernel_begin")
-def _kernel_begin_fake(tensors, after, graph, kernel):
-    return _token(tensors)
+def _kernel_begin_fake(moved, read, after, graph, kernel):
+    return _token(moved, read)
 
 
 kernel_begin = torch.ops.teraio.kernel_begin.default
 has_side_effect(kernel_begin)
+
+_lowered = False
+
+
+def register_inductor_lowering() -> None:
+    """Inductor's lowering of kernel_begin: the moved buffers are marked
+    mutated (which makes Inductor realize their pending readers, so they run
+    before the call), then the call is Inductor's ordinary fallback kernel."""
+    global _lowered
+    if _lowered:
+        return
+    from torch._inductor.lowering import fallback_handler, register_lowering
+    from torch._inductor.virtualized import V
+
+    fallback = fallback_handler(kernel_begin, add_to_fallback_set=False)
+
+    @register_lowering(kernel_begin, type_promotion_kind=None)
+    def _lower(moved, read, after, graph, kernel):
+        for t in moved:
+            t.realize()
+            V.graph.mark_buffer_mutated(t.get_name())
+        return fallback(moved, read, after, graph, kernel)
+
+    _lowered = True

@@ -70,7 +70,7 @@ import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from .. import _lib as L
-from ..core import KINDS, Engine, Lifetime, Plan, Trace
+from ..core import KINDS, READ, Engine, Lifetime, Plan, Trace
 from . import _compile_ops
 from ._compile_graph import GraphInfo
 from ._compile_profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
@@ -83,17 +83,18 @@ log = logging.getLogger("teraio")
 _graphs: list[tuple[GraphInfo, weakref.ref]] = []
 
 
-def _dispatch_op(tensors, graph: int, kernel: int) -> None:
+def _dispatch_op(moved, read, graph: int, kernel: int) -> None:
     """teraio::kernel_begin's implementation; a graph no session of this
     process compiled (an opcheck, a graph from elsewhere) moves nothing."""
     if 0 <= graph < len(_graphs):
         info, ref = _graphs[graph]
         session = ref()
         if session is not None:
-            session._kernel_op(info, tensors, kernel)
+            session._kernel_op(info, moved, read, kernel)
 
 
 _compile_ops.set_handler(_dispatch_op)
+_compile_ops.register_inductor_lowering()
 
 
 class _RegionFn:
@@ -129,6 +130,21 @@ def build_plan(trace: Trace, lt: Lifetime, capacity_bytes: int, read_gbps: float
     return Plan(p, trace)
 
 
+def _with_extra(prof: Profile, extra: dict[tuple[int, int], int]) -> tuple[list, list]:
+    """The profile's tensors and kernels plus, for each (first, end)
+    kernel range of `extra`, a temporary tensor of its bytes live over the
+    range: memory the compiled code holds that the trace did not see."""
+    tensors = list(prof.tensors)
+    kernels = [(n, d, list(acc)) for n, d, acc in prof.kernels]
+    for (a, b), nbytes in sorted(extra.items()):
+        i = len(tensors)
+        tensors.append((nbytes, "temporary", False, None))
+        kernels[a][2].append((i, READ))
+        if b - 1 != a:
+            kernels[b - 1][2].append((i, READ))
+    return tensors, kernels
+
+
 class _GraphRuntime(OffloadRuntime):
     """The C runtime and its callbacks as the eager path has them, with the
     bytes it has released counted (the resident bytes of a compiled step
@@ -160,15 +176,18 @@ class _GraphRuntime(OffloadRuntime):
 class _Entry:
     """One sequence of graphs: its trace, plan, and where the plan acts.
 
-    For each instance (graph run) of the sequence: `op_ids[j]` are the trace
-    ids of the tensors the ``kernel_begin`` call before local kernel j
-    takes (aligned with the graph's op arguments, None where this instance
-    moves nothing of that storage), `op_ensure[j]` the ids it must leave
-    resident (their next use is kernel j), `bind_in`/`bind_out` the
-    (input/output position, id) of moved intermediate tensors to bind at
-    the region's start and end, `eager_ensure` the moved ids the eager
-    kernel after it reads.  `points` are the kernels where the runtime is
-    called, with the largest trace memory up to the next one.
+    `ops[key][j]`: the local storages of graph `key` that the
+    ``kernel_begin`` call before its kernel j moves (storage released,
+    allocated or completed there) and those it only reads (a write that
+    starts there), over all instances of the graph.  For each instance
+    (graph run) of the sequence: `op_ids[j]` are the trace ids of those
+    tensors (aligned with the call's arguments, moved then read; None where
+    this instance moves nothing of that storage), `op_ensure[j]` the ids it
+    must leave resident (their next use is kernel j), `bind_in`/`bind_out`
+    the (input/output position, id) of moved intermediate tensors to bind
+    at the region's start and end, `eager_ensure` the moved ids the eager
+    kernel after it reads.  `point_max[k]`: for each kernel k where the
+    runtime is called, the largest trace memory from k to the next one.
     """
 
     def __init__(self, prof: Profile, trace: Trace, lt: Lifetime, plan: Plan, capacity: int):
@@ -177,37 +196,47 @@ class _Entry:
         self.trace, self.lifetime, self.plan = trace, lt, plan
         self.capacity_bytes = capacity
         self.iterations = 0
+        self.n_profiled = len(prof.tensors)
         n = trace.n_kernels
         migs = plan.migrations()
         moved = {m["tensor"] for m in migs}
-        events: dict[int, set] = {}
+        changes: dict[int, set] = {}   # kernel -> tensors whose storage changes or completes there
+        writes: dict[int, set] = {}    # kernel -> tensors whose write starts there
         due: dict[int, set] = {}
         for m in migs:
-            events.setdefault(m["trigger"], set()).add(m["tensor"])
-            events.setdefault(m["deadline"], set()).add(m["tensor"])
-            if m["kind"] == "prefetch":
+            if m["kind"] == "offload":
+                writes.setdefault(m["trigger"], set()).add(m["tensor"])
+            else:
+                changes.setdefault(m["trigger"], set()).add(m["tensor"])
                 due.setdefault(m["deadline"], set()).add(m["tensor"])
+            changes.setdefault(m["deadline"], set()).add(m["tensor"])
         glob = {i for i in range(trace.n_tensors) if trace.tensor_is_global(i)}
         accesses = [acc for _, _, acc in prof.kernels]
         self.eager_ensure0 = sorted(moved & {i for i, _ in accesses[0]})
-        self.ops: dict[str, dict[int, list[int]]] = {}   # graph key -> kernel -> local storages
+        self.ops: dict[str, dict[int, tuple[list[int], list[int]]]] = {}
         for inst in self.instances:
             ops = self.ops.setdefault(inst.info.key, {})
-            sids: dict[int, list[int]] = {}
+            sid_of: dict[int, int] = {}
             for s, i in enumerate(inst.ids):
                 if i in moved:
-                    sids.setdefault(i, []).append(s)
+                    sid_of.setdefault(i, s)
             for j in range(inst.info.n_kernels):
-                ids = events.get(inst.offset + j)
-                if ids:
-                    cur = ops.setdefault(j, [])
-                    cur += [s for i in sorted(ids) for s in sids.get(i, [])[:1] if s not in cur]
+                k = inst.offset + j
+                ch, wr = changes.get(k, set()), writes.get(k, set())
+                if not ch and not wr:
+                    continue
+                mv, rd = ops.setdefault(j, ([], []))
+                mv += [sid_of[i] for i in sorted(ch) if i in sid_of and sid_of[i] not in mv]
+                rd += [sid_of[i] for i in sorted(wr - ch) if i in sid_of and sid_of[i] not in rd]
+        for ops in self.ops.values():
+            for mv, rd in ops.values():
+                rd[:] = [x for x in rd if x not in mv]
         for inst in self.instances:
             info, ops = inst.info, self.ops[inst.info.key]
-            inst.op_ids = {j: [inst.ids[s] if inst.ids[s] in moved else None for s in ss]
-                           for j, ss in ops.items()}
-            inst.op_ensure = {j: sorted({inst.ids[s] for s in ss} & due.get(inst.offset + j, set()))
-                              for j, ss in ops.items()}
+            inst.op_ids = {j: [inst.ids[s] if inst.ids[s] in moved else None for s in mv + rd]
+                           for j, (mv, rd) in ops.items()}
+            inst.op_ensure = {j: sorted({inst.ids[s] for s in mv} & due.get(inst.offset + j, set()))
+                              for j, (mv, rd) in ops.items()}
             inter = moved - glob
             inst.bind_in = [(p, inst.ids[p]) for p in range(info.n_inputs) if inst.ids[p] in inter]
             inst.bind_out = [(p, inst.ids[s]) for p, s in enumerate(info.outputs)
@@ -221,6 +250,89 @@ class _Entry:
         self.point_max = {k: max(curve[k:(pts[x + 1] if x + 1 < len(pts) else n)])
                           for x, k in enumerate(pts)}
         self.n_ops = sum(len(v) for v in self.ops.values())
+        self.code_measured = 0  # instances whose memory comes from Inductor's code
+        self.excess: list[tuple[int, int, int]] = []  # (first, end kernel, bytes the code holds over the trace)
+        self._away = self._planned_away(migs, n)
+
+    def _planned_away(self, migs: list[dict], n: int) -> dict[int, int]:
+        """Bytes the plan has released (off the device) right after
+        kernel_begin(k), for every point k: a tensor is away over
+        [offload deadline, prefetch trigger), cyclically."""
+        offs = {}
+        for m in migs:
+            if m["kind"] == "offload":
+                offs.setdefault(m["tensor"], []).append(m)
+        out = {k: 0 for k in self.point_max}
+        for m in migs:
+            if m["kind"] != "prefetch":
+                continue
+            o = min(offs.get(m["tensor"], []), key=lambda o: (m["trigger"] - o["deadline"]) % n, default=None)
+            if o is None:
+                continue
+            a, b = o["deadline"], m["trigger"]
+            for k in out:
+                if (k - a) % n < (b - a) % n:
+                    out[k] += m["bytes"]
+        return out
+
+    def expected_peak(self) -> int:
+        """The resident peak the plan gives if every migration runs as
+        planned, on the point_max accounting (trace, or Inductor's code)."""
+        return max(self.point_max[k] - self._away[k] for k in self.point_max)
+
+    def use_code(self, source_of) -> None:
+        """Account each region's kernels by the memory its compiled code
+        holds (_compile_code) instead of the trace's model; `source_of(info)`
+        is the generated source of the code that runs for a graph.  A region
+        whose code cannot be read keeps the trace's model."""
+        from ._compile_code import code_memory
+        lt = self.lifetime._p.contents
+        curve = self.lifetime.memory_curve()
+        trace = self.trace
+        for inst in self.instances:
+            info = inst.info
+            start, end = inst.offset, inst.offset + info.n_kernels   # kernels [start, end)
+            input_bytes, keep = [], set()
+            for p in range(info.n_inputs):
+                i = inst.ids[p]
+                if i is None or trace.tensor_is_global(i):
+                    input_bytes.append(None)
+                    continue
+                input_bytes.append(trace.tensor_bytes(i))
+                if lt.last_use[i] >= end:
+                    keep.add(p)  # used after the graph: its del frees nothing
+            src = source_of(info)
+            cm = code_memory(src, input_bytes, keep) if src else None
+            if cm is None or cm.ops != sorted(self.ops.get(info.key, {})):
+                log.debug("teraio: the code of graph %s is accounted by the trace", info.key)
+                continue
+            # The trace's memory of everything this instance does not hold
+            # (tensors past the profile's are _with_extra's, the code's own).
+            local = {i for i in inst.ids if i is not None and not trace.tensor_is_global(i)}
+            local |= {i for i in range(self.n_profiled, trace.n_tensors) if start <= lt.first_use[i] < end}
+            inside = [0] * (end - start + 1)
+            for i in local:
+                a, b = max(lt.first_use[i], start), min(lt.last_use[i], end - 1)
+                if a <= b:
+                    inside[a - start] += trace.tensor_bytes(i)
+                    inside[b - start + 1] -= trace.tensor_bytes(i)
+            outside, acc = [], 0
+            for k in range(start, end):
+                acc += inside[k - start]
+                outside.append(curve[k] - acc)
+            bounds = [start] + [start + j for j in cm.ops] + [end]
+            for x, peak in enumerate(cm.peaks):
+                a, b = bounds[x], bounds[x + 1]
+                b = max(b, a + 1) if a < end else a  # a call before kernel j covers kernel j
+                around = max(outside[a - start:b - start], default=0)
+                held = peak + around
+                if b > a and held > max(curve[a:b]):
+                    self.excess.append((a, b, held - max(curve[a:b])))
+                if x == 0:
+                    self.point_max[start - 1] = max(curve[start - 1], held)
+                else:
+                    self.point_max[a] = held
+            self.code_measured += 1
 
     def describe(self) -> dict:
         p = self.plan
@@ -228,7 +340,9 @@ class _Entry:
                 "kernels": self.trace.n_kernels, "peak_bytes": self.lifetime.peak_bytes,
                 "working_set_floor_bytes": self.lifetime.max_active_bytes,
                 "capacity_bytes": self.capacity_bytes, "planned_peak_bytes": p.planned_peak_bytes,
-                "fits": bool(p.fits), "migrations": p.n_migrations, "kernel_begin_calls": self.n_ops,
+                "fits": bool(p.fits) and self.expected_peak() <= self.capacity_bytes,
+                "expected_peak_bytes": self.expected_peak(), "regions_measured_on_code": self.code_measured,
+                "migrations": p.n_migrations, "kernel_begin_calls": self.n_ops,
                 "bytes_to_ssd": p.bytes_to_ssd, "bytes_to_host": p.bytes_to_host,
                 "plan_seconds": p.plan_seconds, "iterations": self.iterations}
 
@@ -315,23 +429,27 @@ class CompiledOffload:
 
     def _variant(self, info: GraphInfo, entry: _Entry):
         """The compiled code of `info` under `entry`'s plan: Inductor's own
-        where the plan has no call in it, else compiled once with the
-        ``kernel_begin`` calls."""
-        fn = info.variants.get(id(entry))
+        where the plan has no call in it, else compiled with the
+        ``kernel_begin`` calls (once per set of calls)."""
+        ops = entry.ops.get(info.key)
+        if not ops:
+            return info.plain
+        key = tuple((j, tuple(mv), tuple(rd)) for j, (mv, rd) in sorted(ops.items()))
+        fn = info.variants.get(key)
         if fn is None:
-            ops = entry.ops.get(info.key)
-            if not ops:
-                fn = info.plain
-            else:
-                example_inputs, kwargs, tctx, cctx = info.compile_args
-                gm = info.with_ops(ops)
-                ctx = torch._guards.tracing(tctx) if tctx is not None else contextlib.nullcontext()
-                cc = torch._guards.compile_context(cctx) if cctx is not None else contextlib.nullcontext()
-                # Inductor's peak-memory reordering moves nodes it has no
-                # dependency for; the calls must stay where the plan put them.
-                with ctx, cc, torch._inductor.config.patch(reorder_for_peak_memory=False):
-                    fn = compile_fx_inner(gm, example_inputs, **kwargs)
-            info.variants[id(entry)] = fn
+            example_inputs, kwargs, tctx, cctx = info.compile_args
+            gm = info.with_ops(ops)
+            ctx = torch._guards.tracing(tctx) if tctx is not None else contextlib.nullcontext()
+            cc = torch._guards.compile_context(cctx) if cctx is not None else contextlib.nullcontext()
+            # Inductor's peak-memory reordering moves nodes it has no
+            # dependency for, and its buffer reuse keeps dead buffers until
+            # a same-sized one needs them: the calls must stay where the
+            # plan put them, and memory must follow the plan's kernels.
+            # (Both change the order and the allocation of buffers, not the
+            # kernels.)
+            with ctx, cc, torch._inductor.config.patch(reorder_for_peak_memory=False, allow_buffer_reuse=False):
+                fn = compile_fx_inner(gm, example_inputs, **kwargs)
+            info.variants[key] = fn
         return fn
 
     # -- regions ----------------------------------------------------------------
@@ -387,12 +505,12 @@ class CompiledOffload:
         self._curve_points = [] if self._curve is not None else None
         self._kernel(0, EAGER, self._entry.eager_ensure0)
 
-    def _kernel_op(self, info: GraphInfo, tensors, j: int) -> None:
-        """teraio::kernel_begin(tensors, graph=info, kernel=j)."""
+    def _kernel_op(self, info: GraphInfo, moved, read, j: int) -> None:
+        """teraio::kernel_begin(moved, read, graph=info, kernel=j)."""
         inst = self._current.get(info.gid)
         if not self._active or inst is None:
             return
-        for t, i in zip(tensors, inst.op_ids[j]):
+        for t, i in zip([*moved, *read], inst.op_ids[j]):
             if i is not None:
                 self._bind(i, t)
         self._kernel(inst.offset + j, info.names[j], inst.op_ensure[j])
@@ -493,12 +611,25 @@ class CompiledOffload:
         cap = self._capacity_for(lt)
         self._engine_for(lt, trace)
         rg, wg = self._gbps
-        plan = build_plan(trace, lt, cap, rg * self.bandwidth_share, wg * self.bandwidth_share,
-                          self.host_cap_bytes)
-        if not plan.fits:
-            log.warning("teraio: the compiled step's plan for capacity %d bytes does not fit: planned peak %d",
-                        cap, plan.planned_peak_bytes)
-        entry = _Entry(prof, trace, lt, plan, cap)
+        # Plan, compile the calls in, measure the plan on the code that will
+        # run (_Entry.use_code).  Where the code holds more than the trace
+        # said, the trace gets a tensor of the difference over those kernels
+        # and the planner plans again (a few rounds at most).
+        extra: dict[tuple[int, int], int] = {}
+        for _ in range(5):
+            plan = build_plan(trace, lt, cap, rg * self.bandwidth_share, wg * self.bandwidth_share,
+                              self.host_cap_bytes)
+            entry = _Entry(prof, trace, lt, plan, cap)
+            entry.use_code(lambda info: getattr(self._variant(info, entry), "source_code", None))
+            if entry.expected_peak() <= cap or not plan.fits or not entry.excess:
+                break
+            for a, b, nbytes in entry.excess:
+                extra[(a, b)] = extra.get((a, b), 0) + nbytes
+            trace = Trace.build(self.name, *_with_extra(prof, extra))
+            lt = Lifetime(trace)
+        if not plan.fits or entry.expected_peak() > cap:
+            log.warning("teraio: the compiled step's plan for capacity %d bytes does not fit: planned peak %d, "
+                        "on Inductor's code %d", cap, plan.planned_peak_bytes, entry.expected_peak())
         self._plans[prof.sequence] = entry
         while len(self._plans) > self.max_plans:
             old = next(iter(self._plans))
@@ -507,8 +638,9 @@ class CompiledOffload:
             del self._plans[old]
         self._seen.pop(prof.sequence, None)
         log.info("teraio: planned a compiled step of %d regions: %d kernels, peak %d bytes, capacity %d, "
-                 "planned %d, %d migrations, %d kernel_begin calls", len(prof.sequence), trace.n_kernels,
-                 lt.peak_bytes, cap, plan.planned_peak_bytes, plan.n_migrations, entry.n_ops)
+                 "planned %d (%d on Inductor's code), %d migrations, %d kernel_begin calls",
+                 len(prof.sequence), trace.n_kernels, lt.peak_bytes, cap, plan.planned_peak_bytes,
+                 entry.expected_peak(), plan.n_migrations, entry.n_ops)
         self._use(entry)
 
     # -- steps ------------------------------------------------------------------
@@ -620,26 +752,31 @@ class CompiledOffload:
             self._fetch_back()
 
     def report(self) -> dict:
-        s = dict(self._totals)
+        """What was profiled, planned and moved, and what it cost: the
+        runtime's counters summed over the runtimes of the session, then
+        the compiled path's own (resident peak, kernels over the capacity,
+        step counts), which take precedence."""
+        out = dict(self._totals)
         if self._rt is not None:
             for k, v in self._rt.stats().items():
                 if not isinstance(v, bool):
-                    s[k] = s.get(k, 0) + v
-        s.pop("peak_resident_bytes", None)
-        s.pop("resident_bytes", None)
-        out = {"mode": "compiled", **{f"{k}_iterations": v for k, v in self._counts.items()
-                                      if k in ("profiled", "planned", "diverged")},
-               "reprofiles": self._counts["reprofiles"], "plan_switches": self._counts["switches"],
-               "plans": [e.describe() for e in self._plans.values()],
-               "unplannable": list(self._unplannable.values()), "ssd_dirs": self.ssd,
-               "peak_resident_bytes": self._peak, "over_capacity_kernels": self._over[0],
-               "over_capacity_bytes_max": self._over[1]}
+                    out[k] = out.get(k, 0) + v
+        for k in ("resident_bytes", "capacity_bytes", "diverged_kernel"):
+            out.pop(k, None)
+        out.update({"mode": "compiled", "steps": self._counts["profiled"] + self._counts["planned"]
+                    + self._counts["diverged"],
+                    "profiled_iterations": self._counts["profiled"],
+                    "planned_iterations": self._counts["planned"],
+                    "diverged_iterations": self._counts["diverged"],
+                    "reprofiles": self._counts["reprofiles"], "plan_switches": self._counts["switches"],
+                    "plans": [e.describe() for e in self._plans.values()],
+                    "unplannable": list(self._unplannable.values()), "ssd_dirs": self.ssd,
+                    "peak_resident_bytes": self._peak, "over_capacity_kernels": self._over[0],
+                    "over_capacity_bytes_max": self._over[1], "stall_s": out.get("stall_ns", 0) / 1e9})
         if self._gbps:
             out["ssd_read_gbps"], out["ssd_write_gbps"] = self._gbps
         if self._engine is not None:
             out["backend"] = self._engine.backend
-        out.update(s)
-        out["stall_s"] = s.get("stall_ns", 0) / 1e9
         return out
 
     def close(self) -> None:
