@@ -126,13 +126,31 @@ class Plan:
 
     @classmethod
     def build(cls, trace: Trace, lifetime: Lifetime, capacity_bytes: int, ssd_read_gbps: float,
-              ssd_write_gbps: float, host_cap_bytes: int = 0) -> "Plan":
+              ssd_write_gbps: float, host_cap_bytes: int = 0, planner: str = "teraio",
+              host_to_device_gbps: float = 0.0, device_to_host_gbps: float = 0.0,
+              synchronous_moves: bool = True, kinds: Iterable[str] | None = None) -> "Plan":
+        """tio_plan_build: ``planner`` is "teraio" (the default, fast planner)
+        or "alg1" (TERAIO's Algorithm 1 as published, about cubic in the
+        kernel count); host channel bandwidths of 0 mean "as the SSD's".
+        With ``synchronous_moves`` (the default) the plan fits whenever the
+        capacity is at least the working-set floor (``Lifetime.max_active_bytes``),
+        accepting stalls (``predicted_stall_ns``) where bandwidth cannot
+        hide a move.  ``kinds``: the tensor kinds (KINDS names) that may
+        move (default all; the teraio planner only)."""
+        if planner not in L.PLANNERS:
+            raise ValueError(f"planner must be one of {sorted(L.PLANNERS)}, got {planner!r}")
         opt = L.PlanOptions()
         L.tio_plan_options_default(ctypes.byref(opt))
+        opt.planner = L.PLANNERS[planner]
         opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
         opt.ssd_read_gbps = ssd_read_gbps
         opt.ssd_write_gbps = ssd_write_gbps
+        opt.host_to_device_gbps = host_to_device_gbps
+        opt.device_to_host_gbps = device_to_host_gbps
         opt.host_cap_bytes = _u64("host_cap_bytes", host_cap_bytes)
+        opt.synchronous_moves = bool(synchronous_moves)
+        if kinds is not None:
+            opt.kind_mask = sum(1 << KINDS[k] for k in kinds)
         p = L.PlanP()
         L.check(L.tio_plan_build(trace._p, lifetime._p, ctypes.byref(opt), ctypes.byref(p)))
         return cls(p, trace)
@@ -150,7 +168,7 @@ class Plan:
 
     def __getattr__(self, name):
         if name in ("n_migrations", "capacity_bytes", "planned_peak_bytes", "bytes_to_ssd", "bytes_to_host",
-                    "fits", "plan_seconds", "n_kernels", "peak_host_bytes"):
+                    "fits", "plan_seconds", "n_kernels", "peak_host_bytes", "predicted_stall_ns"):
             return getattr(self._p.contents, name)
         raise AttributeError(name)
 
@@ -174,52 +192,122 @@ class Plan:
             self._p = None
 
 
+def fit_host_costs(trace: Trace, lifetime: Lifetime, calibration: Plan, plan: Plan, *,
+                   calibration_capacity_bytes: int, capacity_bytes: int, empty_s: float,
+                   calibration_s: float, measured_s: float, ssd_read_gbps: float,
+                   ssd_write_gbps: float) -> dict:
+    """tio_sim_fit_host_costs (include/teraio/sim.h): this CPU's dispatch time
+    per kernel and host time per migrated byte, fitted to the measured
+    iterations of an empty plan (``empty_s``) and of ``calibration``
+    (``calibration_s``), and ``plan``'s iteration simulated with them beside
+    its measured ``measured_s``.  Raises TeraioError where no fit exists."""
+    cal = L.SimCalibration(calibration=calibration._p, plan=plan._p,
+                           calibration_capacity_bytes=_u64("calibration_capacity_bytes",
+                                                           calibration_capacity_bytes, 1),
+                           capacity_bytes=_u64("capacity_bytes", capacity_bytes, 1),
+                           empty_s=empty_s, calibration_s=calibration_s, measured_s=measured_s,
+                           ssd_read_gbps=ssd_read_gbps, ssd_write_gbps=ssd_write_gbps)
+    fit = L.SimFit()
+    L.check(L.tio_sim_fit_host_costs(trace._p, lifetime._p, ctypes.byref(cal), ctypes.byref(fit)))
+    return {"simulated_s": fit.simulated_s, "measured_s": fit.measured_s,
+            "sim_vs_measured_error": fit.error, "host_overhead_us": fit.hw.host_overhead_us,
+            "migration_host_ns_per_byte": fit.hw.migration_host_ns_per_byte,
+            "empty_plan_s": empty_s, "calibration_plan_s": calibration_s,
+            "kernels_s": fit.kernels_s, "kernel_scale": fit.kernel_scale,
+            "n_kernels": trace.n_kernels}
+
+
+def load_hw(path: str) -> dict:
+    """A hardware profile (hw/*.conf, format in include/teraio/sim.h) read by
+    tio_hw_load, as a dict of its fields."""
+    hw = L.Hw()
+    L.check(L.tio_hw_load(os.fsencode(path), ctypes.byref(hw)))
+    return {name: (getattr(hw, name).decode() if name == "name" else getattr(hw, name))
+            for name, _ in L.Hw._fields_}
+
+
 BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2}
 
 
 class Engine:
-    """The storage engine over one or more SSD directories (include/teraio/engine.h)."""
+    """The storage engine over one or more SSD directories (include/teraio/engine.h).
 
-    def __init__(self, dirs: Sequence[str], capacity_bytes: int, backend: str = "auto"):
+    ``space_bytes`` is the SSD space to preallocate, split over ``dirs`` (not
+    a plan's ``capacity_bytes``, the device budget).  ``crc`` keeps a CRC32C
+    of every chunk written and checks it on every read (on by default): a
+    backing file changed behind the engine's back gives a TeraioError naming
+    the file and offset, never other bytes.
+
+    Single-thread, like the C engine.  After :meth:`close` every method
+    raises ValueError.  An OffloadRuntime built on the engine holds its own
+    reference in C, so closing the engine first is safe: the files go when
+    the runtime is closed too.
+    """
+
+    def __init__(self, dirs: Sequence[str], space_bytes: int, backend: str = "auto", crc: bool = True):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if not isinstance(crc, bool):
+            raise ValueError(f"crc must be True or False, got {crc!r}")
         opt = L.EngineOptions()
         L.tio_engine_options_default(ctypes.byref(opt))
         self._dirs = (ctypes.c_char_p * len(dirs))(*[os.fsencode(d) for d in dirs])
         opt.dirs = self._dirs
         opt.n_dirs = len(dirs)
-        opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
+        opt.space_bytes = _u64("space_bytes", space_bytes, 1)
         opt.backend = BACKENDS[backend]
+        opt.checksum = crc
+        self.crc = crc
         self._p = ctypes.c_void_p()
         L.check(L.tio_engine_create(ctypes.byref(opt), ctypes.byref(self._p)))
 
+    def _handle(self) -> ctypes.c_void_p:
+        """The C engine; ValueError once closed."""
+        p = getattr(self, "_p", None)
+        if not p:
+            raise ValueError("Engine is closed")
+        return p
+
     @property
     def backend(self) -> str:
-        return L.tio_backend_name(L.tio_engine_backend(self._p)).decode()
+        return L.tio_backend_name(L.tio_engine_backend(self._handle())).decode()
 
     @property
     def backend_reason(self) -> str:
-        r = L.tio_engine_backend_reason(self._p)
+        r = L.tio_engine_backend_reason(self._handle())
         return r.decode() if r else ""
 
     def measure_gbps(self, nbytes: int = 128 << 20) -> tuple[float, float]:
         """Write then read `nbytes` through the engine; returns (read, write) GB/s."""
+        p = self._handle()
+        nbytes = _u64("nbytes", nbytes, 1)
         buf = ctypes.create_string_buffer(nbytes)
         ctypes.memset(buf, 0x5A, nbytes)
         ext = L.Extent()
-        L.check(L.tio_engine_alloc(self._p, nbytes, ctypes.byref(ext)))
+        L.check(L.tio_engine_alloc(p, nbytes, ctypes.byref(ext)))
         try:
             t0 = time.perf_counter()
-            L.check(L.tio_engine_write(self._p, ctypes.byref(ext), buf, nbytes))
+            L.check(L.tio_engine_write(p, ctypes.byref(ext), buf, nbytes))
             t1 = time.perf_counter()
-            L.check(L.tio_engine_read(self._p, ctypes.byref(ext), buf, nbytes))
+            L.check(L.tio_engine_read(p, ctypes.byref(ext), buf, nbytes))
             t2 = time.perf_counter()
         finally:
-            L.tio_engine_free(self._p, ctypes.byref(ext))
+            L.tio_engine_free(p, ctypes.byref(ext))
         return nbytes / (t2 - t1) / 1e9, nbytes / (t1 - t0) / 1e9
 
     def close(self) -> None:
-        if getattr(self, "_p", None):
-            L.tio_engine_destroy(self._p)
+        """Drop this handle's reference (idempotent)."""
+        p = getattr(self, "_p", None)
+        if p:
             self._p = None
+            L.tio_engine_destroy(p)
+
+    def __enter__(self) -> "Engine":
+        self._handle()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __del__(self):
         self.close()

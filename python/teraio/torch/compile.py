@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import logging
 import weakref
 
@@ -70,7 +69,7 @@ import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from .. import _lib as L
-from ..core import KINDS, READ, Engine, Lifetime, Plan, Trace
+from ..core import READ, Engine, Lifetime, Plan, Trace
 from . import _compile_ops
 from ._compile_graph import GraphInfo
 from ._compile_profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
@@ -111,23 +110,6 @@ class _RegionFn:
         if s is None:
             return self.info.plain(args)
         return s._run_region(self.info, args)
-
-
-def build_plan(trace: Trace, lt: Lifetime, capacity_bytes: int, read_gbps: float, write_gbps: float,
-               host_cap_bytes: int = 0, kinds=MOVABLE_KINDS) -> Plan:
-    """libteraio's fast planner (strategy "teraio") for `capacity_bytes`,
-    moving only tensors of `kinds`."""
-    opt = L.PlanOptions()
-    L.tio_plan_options_default(ctypes.byref(opt))
-    opt.capacity_bytes = int(capacity_bytes)
-    opt.ssd_read_gbps, opt.ssd_write_gbps = read_gbps, write_gbps
-    opt.host_cap_bytes = int(host_cap_bytes)
-    fopt = L.PlanFastOptions()
-    L.tio_plan_fast_options_default(ctypes.byref(fopt))
-    fopt.kind_mask = sum(1 << KINDS[k] for k in kinds)
-    p = L.PlanP()
-    L.check(L.tio_plan_build_fast(trace._p, lt._p, ctypes.byref(opt), ctypes.byref(fopt), ctypes.byref(p)))
-    return Plan(p, trace)
 
 
 def _with_extra(prof: Profile, extra: dict[tuple[int, int], int]) -> tuple[list, list]:
@@ -617,8 +599,9 @@ class CompiledOffload:
         # and the planner plans again (a few rounds at most).
         extra: dict[tuple[int, int], int] = {}
         for _ in range(5):
-            plan = build_plan(trace, lt, cap, rg * self.bandwidth_share, wg * self.bandwidth_share,
-                              self.host_cap_bytes)
+            plan = Plan.build(trace, lt, cap, ssd_read_gbps=rg * self.bandwidth_share,
+                              ssd_write_gbps=wg * self.bandwidth_share, host_cap_bytes=self.host_cap_bytes,
+                              kinds=MOVABLE_KINDS)
             entry = _Entry(prof, trace, lt, plan, cap)
             entry.use_code(lambda info: getattr(self._variant(info, entry), "source_code", None))
             if entry.expected_peak() <= cap or not plan.fits or not entry.excess:
