@@ -36,6 +36,8 @@ from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
+DEMO = dict(dim=256, layers=6, heads=4, ffn_dim=704, seq_len=256, batch=6)  # python -m teraio.demo's
+SMALL = dict(dim=128, layers=2, heads=4, ffn_dim=352, seq_len=128, batch=4)
 
 
 class Path_:
@@ -114,12 +116,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=9, help="measured steps per path (>= 5)")
     ap.add_argument("--fraction", type=float, default=0.5, help="capacity of the second part, share of the peak")
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--ffn-dim", type=int, default=704)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=6)
+    ap.add_argument("--small", action="store_true", help="a smaller model than the demo's, for a quick look")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a shared machine spinning OpenMP threads "
                          "make step times unstable)")
@@ -132,14 +129,15 @@ def main() -> int:
     import torch
     torch.set_num_threads(a.threads)
     warm = 3  # two profiled steps and the first planned one (compiling the calls)
-    args = SimpleNamespace(dim=a.dim, layers=a.layers, heads=a.heads, ffn_dim=a.ffn_dim, seq_len=a.seq_len,
-                           batch=a.batch, seed=0, iterations=warm + a.steps)
+    model = SMALL if a.small else DEMO
+    args = SimpleNamespace(**model, seed=0, iterations=warm + a.steps)
     ssd = os.environ.get("BENCH_COMPILE_DIR", str(REPO / "build" / "bench-compile"))
     os.makedirs(ssd, exist_ok=True)
     parts = [("capacity 4x the peak: nothing moves", lambda peak: 4 * peak, 4.0)]
     if not a.only_above:
         parts.append((f"capacity {a.fraction:g} of the peak", lambda peak: int(a.fraction * peak), a.fraction))
-    print(f"bench compile: the demo's model (dim {a.dim}, {a.layers} layers, batch {a.batch} x {a.seq_len}), "
+    print(f"bench compile: {'a small' if a.small else 'the demo'}'s model (dim {args.dim}, {args.layers} layers, "
+          f"batch {args.batch} x {args.seq_len}), "
           f"median of {a.steps} interleaved steps per path, {a.threads} thread(s), "
           f"{os.cpu_count()} CPUs")
     for title, cap_bytes, share in parts:
@@ -161,14 +159,18 @@ def main() -> int:
             print(f"  {p.label:<32}{statistics.median(p.times):>12.4f} s   {overhead(p)}")
         e_state, off = et.session, ct.session
         rep = off.report()
+        est = e_state["rt"].stats()
         print(f"  eager + teraio:    peak {e_state['peak'] / 2**20:.1f} MiB, capacity "
               f"{e_state['capacity'] / 2**20:.1f} MiB, {e_state['plan'].n_migrations} migrations, "
-              f"losses identical to eager: {et.losses == ea.losses}")
+              f"{est['wait_ns'] / 1e9 / max(1, est['iterations']):.3f} s waiting at deadlines per step, "
+              f"{est['stalls']} stalls, losses identical to eager: {et.losses == ea.losses}")
         plan = rep["plans"][0]
         print(f"  compiled + teraio: peak {plan['peak_bytes'] / 2**20:.1f} MiB, capacity "
               f"{plan['capacity_bytes'] / 2**20:.1f} MiB, {plan['migrations']} migrations, "
               f"{plan['kernel_begin_calls']} kernel_begin calls, resident peak "
-              f"{rep['peak_resident_bytes'] / 2**20:.1f} MiB, losses identical to compiled: {ct.losses == ca.losses}")
+              f"{rep['peak_resident_bytes'] / 2**20:.1f} MiB, "
+              f"{rep.get('wait_ns', 0) / 1e9 / max(1, rep['planned_iterations']):.3f} s waiting at deadlines "
+              f"per step, {rep.get('stalls', 0)} stalls, losses identical to compiled: {ct.losses == ca.losses}")
         e_state["rt"].close()
         off.close()
     return 0
