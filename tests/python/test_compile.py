@@ -17,7 +17,19 @@ import torch.nn.functional as F
 from teraio.torch import _compile_ops
 from teraio.torch.compile import CompiledOffload
 
-from conftest import TinyJob
+from conftest import TINY, TinyJob
+from teraio.models.llama import Llama
+
+
+class OneLayerJob(TinyJob):
+    """conftest's tiny Llama job with one layer: half the graph to compile."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        torch.manual_seed(0)
+        cfg = type(TINY)(**{**TINY.__dict__, "n_layers": 1})
+        self.model = Llama(cfg)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, foreach=False)
 
 
 def test_kernel_begin_passes_opcheck():
@@ -72,12 +84,12 @@ def allocated_peaks(prof, marks: list[str]) -> list[int]:
 def llama_runs(tmp_path_factory):
     torch.use_deterministic_algorithms(True)
     torch._dynamo.reset()
-    ref = TinyJob(iterations=STEPS, batch=16)
+    ref = OneLayerJob(iterations=STEPS, batch=16)
     ref_losses = plain_compiled_losses(ref, STEPS)
     ssd = tmp_path_factory.mktemp("ssd")
     losses = []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        job = TinyJob(iterations=STEPS, batch=16)
+        job = OneLayerJob(iterations=STEPS, batch=16)
         # The planner assumes a fast SSD so that the plan does not depend on
         # this machine's load; a slower one only makes the deadlines wait.
         off = CompiledOffload(job.model, job.opt, capacity=0.5, ssd=[str(ssd)], ssd_gbps=(8.0, 8.0))
@@ -183,7 +195,7 @@ def test_capacity_below_the_eager_optimizer_step_says_what_it_needs(llama_runs, 
     gradient and optimizer state at once: a smaller capacity is refused with
     that floor named."""
     torch._dynamo.reset()
-    job = TinyJob(iterations=2, batch=16)
+    job = OneLayerJob(iterations=2, batch=16)
     off = CompiledOffload(job.model, job.opt, capacity=1 << 16, ssd=[str(tmp_path)])
     with off.step():
         job.step(0)
@@ -367,3 +379,16 @@ def test_a_block_run_per_layer_and_a_compiled_optimizer_step(tmp_path):
     assert rep["planned_iterations"] == 4 and rep["diverged_iterations"] == 0
     assert rep["plans"][0]["fits"] and rep["over_capacity_kernels"] == 0
     off.close()
+
+
+def test_a_graph_with_symbolic_shapes_is_not_planned():
+    """Dynamic shapes make tensor sizes symbolic: such a graph is marked
+    unplannable (the session then says so once and runs it as compiled)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from teraio.torch._compile_graph import GraphInfo
+    gm = make_fx(lambda x: (x * 2).sum(0), tracing_mode="symbolic")(torch.randn(5, 3))
+    info = GraphInfo(0, gm, "inference")
+    assert info.unplannable and "symbolic" in info.unplannable
+    static = GraphInfo(0, make_fx(lambda x: (x * 2).sum(0))(torch.randn(5, 3)), "inference")
+    assert static.unplannable is None and static.names == ["aten.mul.Tensor", "aten.sum.dim_IntList"]
+    assert static.storage_bytes == [60, 60, 12]

@@ -67,7 +67,7 @@ def run_compiled_teraio(args, job, helpers, ssd_dirs: list[str]) -> dict:
     report = off.report()
     trace, lt, plan = off.trace, off.lifetime, off.plan
     read_gbps, write_gbps = off.ssd_gbps
-    backend, reason = off._engine.backend, off._engine.backend_reason
+    backend, reason = off.engine.backend, off.engine.backend_reason
     trace.save(os.path.join(args.out, "trace_compiled.tio"))
     plan.save(os.path.join(args.out, "plan_compiled.tio"))
     entry = report["plans"][0]

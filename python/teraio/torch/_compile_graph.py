@@ -123,7 +123,8 @@ class GraphInfo:
             self._new(ph, val if is_tensor else None)
         self.accesses = [self._analyse(n) for n in self.kernel_nodes]
         out = next(n for n in g.nodes if n.op == "output")
-        self.outputs = [self._sid.get(v) if isinstance(v, fx.Node) else None for v in out.args[0]]
+        outs = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+        self.outputs = [self._sid.get(v) if isinstance(v, fx.Node) else None for v in outs]
         self.written_inputs = sorted({s for acc in self.accesses for s, m in acc
                                       if m & WRITE and s < self.n_inputs})
         self.key = self._fingerprint()

@@ -335,7 +335,9 @@ class CompiledOffload:
     peak (float in (0, 1]); ``ssd``: one or more directories;
     ``ssd_gbps``: the (read, write) GB/s the planner assumes (default:
     measured through the engine; a plan assuming more than the SSD gives
-    waits at its deadlines, it never exceeds the capacity).  With
+    waits at its deadlines, it never exceeds the capacity); ``safe``: the
+    model's and the optimizer's ``state_dict()`` bring every tensor back
+    first.  With
     ``compile_model`` (default) ``model.compile(backend=self.backend,
     dynamic=False)`` is called; else compile what you like with
     :attr:`backend`."""
@@ -344,7 +346,7 @@ class CompiledOffload:
                  profile_iterations: int = 2, reprofile_after: int = 2, max_plans: int = 4,
                  host_cap_bytes: int = 0, bandwidth_share: float = 0.7, space_bytes: int | None = None,
                  staging: bool | None = None, compile_model: bool = True, name: str | None = None,
-                 ssd_gbps: tuple[float, float] | None = None):
+                 ssd_gbps: tuple[float, float] | None = None, safe: bool = True):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, float)):
             raise TypeError(f"capacity must be bytes (int) or a share of the peak (float), got {capacity!r}")
         if isinstance(capacity, float) and not 0 < capacity <= 1:
@@ -385,6 +387,11 @@ class CompiledOffload:
         self._curve: list | None = None
         self._curve_points: list | None = None
         self._closed = False
+        self._hooks = []
+        if safe:
+            self._hooks.append(model.register_state_dict_pre_hook(lambda *a: self.fetch_all()))
+            if optimizer is not None:
+                self._hooks.append(optimizer.register_state_dict_pre_hook(lambda *a: self.fetch_all()))
         if compile_model:
             model.compile(backend=self.backend, dynamic=False)
 
@@ -599,9 +606,17 @@ class CompiledOffload:
         # and the planner plans again (a few rounds at most).
         extra: dict[tuple[int, int], int] = {}
         for _ in range(5):
-            plan = Plan.build(trace, lt, cap, ssd_read_gbps=rg * self.bandwidth_share,
-                              ssd_write_gbps=wg * self.bandwidth_share, host_cap_bytes=self.host_cap_bytes,
-                              kinds=MOVABLE_KINDS)
+            try:
+                plan = Plan.build(trace, lt, cap, ssd_read_gbps=rg * self.bandwidth_share,
+                                  ssd_write_gbps=wg * self.bandwidth_share, host_cap_bytes=self.host_cap_bytes,
+                                  kinds=MOVABLE_KINDS)
+            except L.TeraioError as e:
+                if not self._plans:
+                    raise ValueError(f"teraio: no plan for the compiled step at capacity {cap} bytes: {e}") from e
+                self._unplannable[prof.sequence] = str(e)
+                self._warn(("unplannable", prof.sequence),
+                           f"teraio: a compiled step cannot be planned ({e}); it runs without teraio")
+                return
             entry = _Entry(prof, trace, lt, plan, cap)
             entry.use_code(lambda info: getattr(self._variant(info, entry), "source_code", None))
             if entry.expected_peak() <= cap or not plan.fits or not entry.excess:
@@ -641,11 +656,13 @@ class CompiledOffload:
         self._observed = []
         self._pos = 0
         self._current.clear()
-        if self._rt is None:
+        if self._rt is not None:
+            self._begin_plan()
+        elif self._profile_left > 0:
             self._rec = Recorder(self.model, self.optimizer, self.name)
             self._rec.mode.__enter__()
-            return
-        self._begin_plan()
+        # else: no plan for what runs now (it could not be planned): the step
+        # runs as compiled, and _exit looks for one again.
 
     def _exit(self, failed: bool) -> None:
         self._in_step = False
@@ -661,7 +678,7 @@ class CompiledOffload:
             return
         active, self._active = self._active, False
         if failed:
-            self._fetch_back()
+            self.fetch_all()
             return
         entry = self._entry
         if active and self._pos != len(entry.sequence):
@@ -669,7 +686,7 @@ class CompiledOffload:
             self._diverge(f"the step ended after {self._pos} of the plan's {len(entry.sequence)} regions")
             self._active = False
         seq = tuple(self._observed)
-        if active and seq == entry.sequence:
+        if active and entry is not None and seq == entry.sequence:
             self._counts["planned"] += 1
             entry.iterations += 1
             self._fill_curve()
@@ -727,7 +744,18 @@ class CompiledOffload:
 
     @property
     def ssd_gbps(self) -> tuple[float, float] | None:
+        """(read, write) GB/s the planner was given (measured by the engine
+        unless ssd_gbps was)."""
         return self._gbps
+
+    @property
+    def engine(self) -> Engine | None:
+        return self._engine
+
+    @property
+    def runtime(self) -> OffloadRuntime | None:
+        """The runtime of the plan the steps run (None while profiling)."""
+        return self._rt
 
     def fetch_all(self) -> None:
         """Bring every offloaded tensor back now."""
@@ -766,6 +794,8 @@ class CompiledOffload:
         """Bring everything back and release the engine and its files."""
         if self._closed:
             return
+        for h in self._hooks:
+            h.remove()
         self._close_runtime()
         if self._engine is not None:
             self._engine.close()
