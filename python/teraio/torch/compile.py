@@ -21,7 +21,9 @@ part too.  Then:
    backward graph): everything else is inside one graph or seen by eager
    code, which is not watched.  Each graph with a planned migration is
    compiled again with ``teraio::kernel_begin`` before the planned nodes
-   (teraio.torch._compile_ops); the others keep their code.
+   (teraio.torch._compile_ops); the others keep their code.  The plan is
+   then measured on the code that will run (_compile_plan, _compile_code)
+   and made again where that code holds more than the trace said.
 3. **Run**: every region call checks that it is the graph the plan expects
    at that place of the step; its ``kernel_begin`` calls drive the C
    runtime (``tio_runtime_kernel_begin`` at the plan's kernel indices,
@@ -43,10 +45,11 @@ per place, each with its own offset and trace ids, and the ``kernel_begin``
 calls carry the graph-local node index.
 
 Resident bytes: the compiled program's own buffers are Inductor's; the
-runtime holds only the tensors it moves.  The resident bytes at a kernel
-are the trace's memory there (everything resident) less the bytes whose
-storage the runtime has released; they change only where the runtime acts,
-so each ``kernel_begin`` point accounts the kernels up to the next point.
+runtime holds only the tensors it moves.  The resident bytes at a point
+(a ``kernel_begin`` call, an eager kernel) are the most the code of the
+region holds until the next point (or the trace's memory, outside regions
+and where the code cannot be read) less the bytes whose storage the runtime
+has released: they change only where the runtime acts.
 ``peak_resident_bytes`` and ``over_capacity_kernels`` in :meth:`report` are
 these.
 
@@ -69,9 +72,10 @@ import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from .. import _lib as L
-from ..core import READ, Engine, Lifetime, Plan, Trace
+from ..core import Engine, Lifetime, Plan, Trace
 from . import _compile_ops
 from ._compile_graph import GraphInfo
+from ._compile_plan import StepPlan, with_extra
 from ._compile_profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
 from .offload import OffloadRuntime
 
@@ -112,21 +116,6 @@ class _RegionFn:
         return s._run_region(self.info, args)
 
 
-def _with_extra(prof: Profile, extra: dict[tuple[int, int], int]) -> tuple[list, list]:
-    """The profile's tensors and kernels plus, for each (first, end)
-    kernel range of `extra`, a temporary tensor of its bytes live over the
-    range: memory the compiled code holds that the trace did not see."""
-    tensors = list(prof.tensors)
-    kernels = [(n, d, list(acc)) for n, d, acc in prof.kernels]
-    for (a, b), nbytes in sorted(extra.items()):
-        i = len(tensors)
-        tensors.append((nbytes, "temporary", False, None))
-        kernels[a][2].append((i, READ))
-        if b - 1 != a:
-            kernels[b - 1][2].append((i, READ))
-    return tensors, kernels
-
-
 class _GraphRuntime(OffloadRuntime):
     """The C runtime and its callbacks as the eager path has them, with the
     bytes it has released counted (the resident bytes of a compiled step
@@ -153,180 +142,6 @@ class _GraphRuntime(OffloadRuntime):
             if self._bound.get(i) == key and i in self._released:
                 self.released_bytes -= self.trace.tensor_bytes(i)
         super()._drain_deaths()
-
-
-class _Entry:
-    """One sequence of graphs: its trace, plan, and where the plan acts.
-
-    `ops[key][j]`: the local storages of graph `key` that the
-    ``kernel_begin`` call before its kernel j moves (storage released,
-    allocated or completed there) and those it only reads (a write that
-    starts there), over all instances of the graph.  For each instance
-    (graph run) of the sequence: `op_ids[j]` are the trace ids of those
-    tensors (aligned with the call's arguments, moved then read; None where
-    this instance moves nothing of that storage), `op_ensure[j]` the ids it
-    must leave resident (their next use is kernel j), `bind_in`/`bind_out`
-    the (input/output position, id) of moved intermediate tensors to bind
-    at the region's start and end, `eager_ensure` the moved ids the eager
-    kernel after it reads.  `point_max[k]`: for each kernel k where the
-    runtime is called, the largest trace memory from k to the next one.
-    """
-
-    def __init__(self, prof: Profile, trace: Trace, lt: Lifetime, plan: Plan, capacity: int):
-        self.sequence = prof.sequence
-        self.instances = prof.instances
-        self.trace, self.lifetime, self.plan = trace, lt, plan
-        self.capacity_bytes = capacity
-        self.iterations = 0
-        self.n_profiled = len(prof.tensors)
-        n = trace.n_kernels
-        migs = plan.migrations()
-        moved = {m["tensor"] for m in migs}
-        changes: dict[int, set] = {}   # kernel -> tensors whose storage changes or completes there
-        writes: dict[int, set] = {}    # kernel -> tensors whose write starts there
-        due: dict[int, set] = {}
-        for m in migs:
-            if m["kind"] == "offload":
-                writes.setdefault(m["trigger"], set()).add(m["tensor"])
-            else:
-                changes.setdefault(m["trigger"], set()).add(m["tensor"])
-                due.setdefault(m["deadline"], set()).add(m["tensor"])
-            changes.setdefault(m["deadline"], set()).add(m["tensor"])
-        glob = {i for i in range(trace.n_tensors) if trace.tensor_is_global(i)}
-        accesses = [acc for _, _, acc in prof.kernels]
-        self.eager_ensure0 = sorted(moved & {i for i, _ in accesses[0]})
-        self.ops: dict[str, dict[int, tuple[list[int], list[int]]]] = {}
-        for inst in self.instances:
-            ops = self.ops.setdefault(inst.info.key, {})
-            sid_of: dict[int, int] = {}
-            for s, i in enumerate(inst.ids):
-                if i in moved:
-                    sid_of.setdefault(i, s)
-            for j in range(inst.info.n_kernels):
-                k = inst.offset + j
-                ch, wr = changes.get(k, set()), writes.get(k, set())
-                if not ch and not wr:
-                    continue
-                mv, rd = ops.setdefault(j, ([], []))
-                mv += [sid_of[i] for i in sorted(ch) if i in sid_of and sid_of[i] not in mv]
-                rd += [sid_of[i] for i in sorted(wr - ch) if i in sid_of and sid_of[i] not in rd]
-        for ops in self.ops.values():
-            for mv, rd in ops.values():
-                rd[:] = [x for x in rd if x not in mv]
-        for inst in self.instances:
-            info, ops = inst.info, self.ops[inst.info.key]
-            inst.op_ids = {j: [inst.ids[s] if inst.ids[s] in moved else None for s in mv + rd]
-                           for j, (mv, rd) in ops.items()}
-            inst.op_ensure = {j: sorted({inst.ids[s] for s in mv} & due.get(inst.offset + j, set()))
-                              for j, (mv, rd) in ops.items()}
-            inter = moved - glob
-            inst.bind_in = [(p, inst.ids[p]) for p in range(info.n_inputs) if inst.ids[p] in inter]
-            inst.bind_out = [(p, inst.ids[s]) for p, s in enumerate(info.outputs)
-                             if s is not None and s >= info.n_inputs and inst.ids[s] in inter]
-            k_eager = inst.offset + info.n_kernels
-            inst.eager_kernel = k_eager
-            inst.eager_ensure = sorted(moved & {i for i, _ in accesses[k_eager]})
-        pts = sorted({0} | {inst.eager_kernel for inst in self.instances}
-                     | {inst.offset + j for inst in self.instances for j in self.ops[inst.info.key]})
-        curve = lt.memory_curve()
-        self.point_max = {k: max(curve[k:(pts[x + 1] if x + 1 < len(pts) else n)])
-                          for x, k in enumerate(pts)}
-        self.n_ops = sum(len(v) for v in self.ops.values())
-        self.code_measured = 0  # instances whose memory comes from Inductor's code
-        self.excess: list[tuple[int, int, int]] = []  # (first, end kernel, bytes the code holds over the trace)
-        self._away = self._planned_away(migs, n)
-
-    def _planned_away(self, migs: list[dict], n: int) -> dict[int, int]:
-        """Bytes the plan has released (off the device) right after
-        kernel_begin(k), for every point k: a tensor is away over
-        [offload deadline, prefetch trigger), cyclically."""
-        offs = {}
-        for m in migs:
-            if m["kind"] == "offload":
-                offs.setdefault(m["tensor"], []).append(m)
-        out = {k: 0 for k in self.point_max}
-        for m in migs:
-            if m["kind"] != "prefetch":
-                continue
-            o = min(offs.get(m["tensor"], []), key=lambda o: (m["trigger"] - o["deadline"]) % n, default=None)
-            if o is None:
-                continue
-            a, b = o["deadline"], m["trigger"]
-            for k in out:
-                if (k - a) % n < (b - a) % n:
-                    out[k] += m["bytes"]
-        return out
-
-    def expected_peak(self) -> int:
-        """The resident peak the plan gives if every migration runs as
-        planned, on the point_max accounting (trace, or Inductor's code)."""
-        return max(self.point_max[k] - self._away[k] for k in self.point_max)
-
-    def use_code(self, source_of) -> None:
-        """Account each region's kernels by the memory its compiled code
-        holds (_compile_code) instead of the trace's model; `source_of(info)`
-        is the generated source of the code that runs for a graph.  A region
-        whose code cannot be read keeps the trace's model."""
-        from ._compile_code import code_memory
-        lt = self.lifetime._p.contents
-        curve = self.lifetime.memory_curve()
-        trace = self.trace
-        for inst in self.instances:
-            info = inst.info
-            start, end = inst.offset, inst.offset + info.n_kernels   # kernels [start, end)
-            input_bytes, keep = [], set()
-            for p in range(info.n_inputs):
-                i = inst.ids[p]
-                if i is None or trace.tensor_is_global(i):
-                    input_bytes.append(None)
-                    continue
-                input_bytes.append(trace.tensor_bytes(i))
-                if lt.last_use[i] >= end:
-                    keep.add(p)  # used after the graph: its del frees nothing
-            src = source_of(info)
-            cm = code_memory(src, input_bytes, keep) if src else None
-            if cm is None or cm.ops != sorted(self.ops.get(info.key, {})):
-                log.debug("teraio: the code of graph %s is accounted by the trace", info.key)
-                continue
-            # The trace's memory of everything this instance does not hold
-            # (tensors past the profile's are _with_extra's, the code's own).
-            local = {i for i in inst.ids if i is not None and not trace.tensor_is_global(i)}
-            local |= {i for i in range(self.n_profiled, trace.n_tensors) if start <= lt.first_use[i] < end}
-            inside = [0] * (end - start + 1)
-            for i in local:
-                a, b = max(lt.first_use[i], start), min(lt.last_use[i], end - 1)
-                if a <= b:
-                    inside[a - start] += trace.tensor_bytes(i)
-                    inside[b - start + 1] -= trace.tensor_bytes(i)
-            outside, acc = [], 0
-            for k in range(start, end):
-                acc += inside[k - start]
-                outside.append(curve[k] - acc)
-            bounds = [start] + [start + j for j in cm.ops] + [end]
-            for x, peak in enumerate(cm.peaks):
-                a, b = bounds[x], bounds[x + 1]
-                b = max(b, a + 1) if a < end else a  # a call before kernel j covers kernel j
-                around = max(outside[a - start:b - start], default=0)
-                held = peak + around
-                if b > a and held > max(curve[a:b]):
-                    self.excess.append((a, b, held - max(curve[a:b])))
-                if x == 0:
-                    self.point_max[start - 1] = max(curve[start - 1], held)
-                else:
-                    self.point_max[a] = held
-            self.code_measured += 1
-
-    def describe(self) -> dict:
-        p = self.plan
-        return {"graphs": len(set(self.sequence)), "regions": len(self.sequence),
-                "kernels": self.trace.n_kernels, "peak_bytes": self.lifetime.peak_bytes,
-                "working_set_floor_bytes": self.lifetime.max_active_bytes,
-                "capacity_bytes": self.capacity_bytes, "planned_peak_bytes": p.planned_peak_bytes,
-                "fits": bool(p.fits) and self.expected_peak() <= self.capacity_bytes,
-                "expected_peak_bytes": self.expected_peak(), "regions_measured_on_code": self.code_measured,
-                "migrations": p.n_migrations, "kernel_begin_calls": self.n_ops,
-                "bytes_to_ssd": p.bytes_to_ssd, "bytes_to_host": p.bytes_to_host,
-                "plan_seconds": p.plan_seconds, "iterations": self.iterations}
 
 
 class CompiledOffload:
@@ -365,12 +180,12 @@ class CompiledOffload:
         self.host_cap_bytes, self.bandwidth_share = host_cap_bytes, bandwidth_share
         self.space_bytes, self.staging = space_bytes, staging
         self.name = name or type(model).__name__
-        self._plans: dict[tuple, _Entry] = {}
+        self._plans: dict[tuple, StepPlan] = {}
         self._seen: dict[tuple, int] = {}   # sequences without a plan: steps that ran them
         self._unplannable: dict[tuple, str] = {}
         self._profile_left = profile_iterations
         self._rec: Recorder | None = None
-        self._entry: _Entry | None = None     # the plan the current/next step runs
+        self._entry: StepPlan | None = None     # the plan the current/next step runs
         self._rt: _GraphRuntime | None = None
         self._engine: Engine | None = None
         self._gbps: tuple[float, float] | None = tuple(ssd_gbps) if ssd_gbps else None
@@ -416,7 +231,7 @@ class CompiledOffload:
         _graphs.append((info, weakref.ref(self)))
         return _RegionFn(self, info)
 
-    def _variant(self, info: GraphInfo, entry: _Entry):
+    def _variant(self, info: GraphInfo, entry: StepPlan):
         """The compiled code of `info` under `entry`'s plan: Inductor's own
         where the plan has no call in it, else compiled with the
         ``kernel_begin`` calls (once per set of calls)."""
@@ -431,12 +246,9 @@ class CompiledOffload:
             ctx = torch._guards.tracing(tctx) if tctx is not None else contextlib.nullcontext()
             cc = torch._guards.compile_context(cctx) if cctx is not None else contextlib.nullcontext()
             # Inductor's peak-memory reordering moves nodes it has no
-            # dependency for, and its buffer reuse keeps dead buffers until
-            # a same-sized one needs them: the calls must stay where the
-            # plan put them, and memory must follow the plan's kernels.
-            # (Both change the order and the allocation of buffers, not the
-            # kernels.)
-            with ctx, cc, torch._inductor.config.patch(reorder_for_peak_memory=False, allow_buffer_reuse=False):
+            # dependency for: the calls must stay where the plan put them
+            # (it orders the kernels, it does not change them).
+            with ctx, cc, torch._inductor.config.patch(reorder_for_peak_memory=False):
                 fn = compile_fx_inner(gm, example_inputs, **kwargs)
             info.variants[key] = fn
         return fn
@@ -472,7 +284,7 @@ class CompiledOffload:
         self._kernel(inst.eager_kernel, EAGER, inst.eager_ensure)
         return out
 
-    def _switch_at_first_region(self, info: GraphInfo) -> _Entry | None:
+    def _switch_at_first_region(self, info: GraphInfo) -> StepPlan | None:
         """The step's first region is not the plan's: if a kept plan starts
         with this graph, run the step under it (the old runtime brings its
         tensors back, the new one places them)."""
@@ -548,7 +360,7 @@ class CompiledOffload:
             log.warning("%s", msg)
 
     # -- the runtime --------------------------------------------------------------
-    def _use(self, entry: _Entry) -> None:
+    def _use(self, entry: StepPlan) -> None:
         """Run `entry`'s plan from the next step on."""
         if self._entry is entry and self._rt is not None:
             return
@@ -601,7 +413,7 @@ class CompiledOffload:
         self._engine_for(lt, trace)
         rg, wg = self._gbps
         # Plan, compile the calls in, measure the plan on the code that will
-        # run (_Entry.use_code).  Where the code holds more than the trace
+        # run (StepPlan.use_code).  Where the code holds more than the trace
         # said, the trace gets a tensor of the difference over those kernels
         # and the planner plans again (a few rounds at most).
         extra: dict[tuple[int, int], int] = {}
@@ -617,13 +429,13 @@ class CompiledOffload:
                 self._warn(("unplannable", prof.sequence),
                            f"teraio: a compiled step cannot be planned ({e}); it runs without teraio")
                 return
-            entry = _Entry(prof, trace, lt, plan, cap)
+            entry = StepPlan(prof, trace, lt, plan, cap)
             entry.use_code(lambda info: getattr(self._variant(info, entry), "source_code", None))
             if entry.expected_peak() <= cap or not plan.fits or not entry.excess:
                 break
             for a, b, nbytes in entry.excess:
                 extra[(a, b)] = extra.get((a, b), 0) + nbytes
-            trace = Trace.build(self.name, *_with_extra(prof, extra))
+            trace = Trace.build(self.name, *with_extra(prof, extra))
             lt = Lifetime(trace)
         if not plan.fits or entry.expected_peak() > cap:
             log.warning("teraio: the compiled step's plan for capacity %d bytes does not fit: planned peak %d, "
