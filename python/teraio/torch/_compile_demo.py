@@ -51,8 +51,8 @@ def run_compiled_teraio(args, job, helpers, ssd_dirs: list[str]) -> dict:
     """Run CB, with the compiled trace's peak, floor and memory curve for
     the report's no-offloading side."""
     from .compile import CompiledOffload
-    off = CompiledOffload(job.model, job.opt, capacity=args.capacity_fraction, ssd=ssd_dirs,
-                          bandwidth_share=args.bandwidth_derate, name="llama-demo")
+    off = CompiledOffload(job.model, job.opt, capacity=args.capacity_fraction * (1 - args.plan_headroom),
+                          ssd=ssd_dirs, bandwidth_share=args.bandwidth_derate, name="llama-demo")
     curve: list[int] = []
 
     def step(i):

@@ -77,7 +77,7 @@ from . import _compile_ops
 from ._compile_graph import GraphInfo
 from ._compile_plan import StepPlan, with_extra
 from ._compile_profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
-from .offload import OffloadRuntime
+from .offload import OffloadRuntime, _Guard
 
 log = logging.getLogger("teraio")
 
@@ -116,14 +116,29 @@ class _RegionFn:
         return s._run_region(self.info, args)
 
 
+class _CompiledGuard(_Guard):
+    """OffloadRuntime's guard between iterations (an operator that reads an
+    offloaded tensor fetches it first), transparent to torch.compile:
+    Dynamo compiles and runs compiled code under it."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
 class _GraphRuntime(OffloadRuntime):
-    """The C runtime and its callbacks as the eager path has them, with the
-    bytes it has released counted (the resident bytes of a compiled step
-    are the trace's less these)."""
+    """The eager path's runtime: the C runtime, its callbacks, global tensors
+    bound by name, iteration begin and end, the guard between iterations
+    and state_dict safety; without the per-operator dispatch mode (the
+    compiled step reports its kernels through kernel_begin calls), and with
+    the bytes it has released counted (the resident bytes of a compiled
+    step are what the code holds less these)."""
 
     def __init__(self, *args, **kwargs):
         self.released_bytes = 0
         super().__init__(*args, **kwargs)
+        self._mode = contextlib.nullcontext()
+        self._guard = _CompiledGuard(self)
 
     def _release(self, ctx, tensor):
         rc = super()._release(ctx, tensor)
@@ -139,9 +154,20 @@ class _GraphRuntime(OffloadRuntime):
 
     def _drain_deaths(self) -> None:
         for i, key in self._deaths:
-            if self._bound.get(i) == key and i in self._released:
+            b = self._bound.get(i)
+            if b is not None and b[0] == key and i in self._released:
                 self.released_bytes -= self.trace.tensor_bytes(i)
         super()._drain_deaths()
+
+    def bind(self, i: int, st) -> bool:
+        """Bind storage `st` to id `i` unless it is (a released storage is
+        bound already); False if the runtime refused it (another size than
+        the trace's: the step left the plan)."""
+        b = self._bound.get(i)
+        if (b is not None and b[0] == st._cdata) or not st.nbytes():
+            return True
+        self._ids.assign(st, i)
+        return self._bind(i, st)
 
 
 class CompiledOffload:
@@ -150,9 +176,10 @@ class CompiledOffload:
     peak (float in (0, 1]); ``ssd``: one or more directories;
     ``ssd_gbps``: the (read, write) GB/s the planner assumes (default:
     measured through the engine; a plan assuming more than the SSD gives
-    waits at its deadlines, it never exceeds the capacity); ``safe``: the
-    model's and the optimizer's ``state_dict()`` bring every tensor back
-    first.  With
+    waits at its deadlines, it never exceeds the capacity); ``safe``: as
+    OffloadRuntime's (between steps, operators that read an offloaded
+    tensor and the model's and optimizer's ``state_dict()`` fetch it
+    first).  With
     ``compile_model`` (default) ``model.compile(backend=self.backend,
     dynamic=False)`` is called; else compile what you like with
     :attr:`backend`."""
@@ -202,11 +229,8 @@ class CompiledOffload:
         self._curve: list | None = None
         self._curve_points: list | None = None
         self._closed = False
-        self._hooks = []
-        if safe:
-            self._hooks.append(model.register_state_dict_pre_hook(lambda *a: self.fetch_all()))
-            if optimizer is not None:
-                self._hooks.append(optimizer.register_state_dict_pre_hook(lambda *a: self.fetch_all()))
+        self.safe = safe
+        self._iteration = None                # the runtime's iteration of the step running
         if compile_model:
             model.compile(backend=self.backend, dynamic=False)
 
@@ -296,12 +320,10 @@ class CompiledOffload:
         return entry
 
     def _begin_plan(self) -> None:
-        """iteration_begin, then kernel 0 (the eager code before the first
-        region)."""
-        rt = self._rt
-        rt._drain_deaths()
-        rt._ids.start_iteration()
-        L.check(L.tio_runtime_iteration_begin(rt._p))
+        """The runtime's iteration begins, then kernel 0 (the eager code
+        before the first region)."""
+        self._iteration = self._rt.iteration()
+        self._iteration.__enter__()
         self._active = True
         self._curve_points = [] if self._curve is not None else None
         self._kernel(0, EAGER, self._entry.eager_ensure0)
@@ -317,12 +339,8 @@ class CompiledOffload:
         self._kernel(inst.offset + j, info.names[j], inst.op_ensure[j])
 
     def _bind(self, i: int, t: torch.Tensor) -> None:
-        rt = self._rt
-        st = t.untyped_storage()
-        if rt._bound.get(i) == st._cdata or not st.nbytes():
-            return
-        rt._ids.assign(st, i)
-        rt._bind(i, st)
+        if not self._rt.bind(i, t.untyped_storage()) and self._active:
+            self._diverge(f"tensor {i} has another size than in the trace")
 
     def _kernel(self, k: int, name: str, ensure) -> None:
         """The runtime's kernel_begin(k), then what kernel k reads made
@@ -369,11 +387,19 @@ class CompiledOffload:
         self._close_runtime()
         self._entry = entry
         self._rt = _GraphRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
-                                 staging=self.staging)
+                                 staging=self.staging, safe=self.safe)
         for info in {x.info.gid: x.info for x in entry.instances}.values():
             self._variant(info, entry)
 
+    def _end_iteration(self) -> None:
+        """The runtime's iteration ends (intermediate tensors come back and
+        are unbound; the runtime checks the step ran all its kernels)."""
+        it, self._iteration = self._iteration, None
+        if it is not None:
+            it.__exit__(None, None, None)
+
     def _close_runtime(self) -> None:
+        self._end_iteration()
         if self._rt is not None:
             for k, v in self._rt.stats().items():
                 if isinstance(v, bool):
@@ -490,13 +516,14 @@ class CompiledOffload:
             return
         active, self._active = self._active, False
         if failed:
-            self.fetch_all()
+            self._end_iteration()
             return
         entry = self._entry
         if active and self._pos != len(entry.sequence):
             self._active = True
             self._diverge(f"the step ended after {self._pos} of the plan's {len(entry.sequence)} regions")
             self._active = False
+        self._end_iteration()
         seq = tuple(self._observed)
         if active and entry is not None and seq == entry.sequence:
             self._counts["planned"] += 1
@@ -606,8 +633,6 @@ class CompiledOffload:
         """Bring everything back and release the engine and its files."""
         if self._closed:
             return
-        for h in self._hooks:
-            h.remove()
         self._close_runtime()
         if self._engine is not None:
             self._engine.close()
