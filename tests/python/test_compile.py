@@ -392,3 +392,33 @@ def test_a_graph_with_symbolic_shapes_is_not_planned():
     static = GraphInfo(0, make_fx(lambda x: (x * 2).sum(0))(torch.randn(5, 3)), "inference")
     assert static.unplannable is None and static.names == ["aten.mul.Tensor", "aten.sum.dim_IntList"]
     assert static.storage_bytes == [60, 60, 12]
+
+
+def test_one_call_offload_with_compile_is_the_compiled_path(tmp_path):
+    import teraio.torch
+    model = nn.Linear(4, 4)
+    off = teraio.torch.offload(model, None, capacity=0.5, ssd=[str(tmp_path)], compile=True)
+    assert isinstance(off, CompiledOffload) and off.report()["mode"] == "compiled"
+    off.close()
+
+
+def test_compiled_demo_reports_mode_compiled_and_identical_losses(tmp_path):
+    """`python -m teraio.demo --compile` on a tiny model: runs CA (Inductor)
+    and CB (teraio's compiled path) in their own processes."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "teraio.demo", "--compile", "--out", str(out), "--iterations", "5",
+                        "--dim", "64", "--layers", "1", "--heads", "4", "--ffn-dim", "128", "--seq-len", "64",
+                        "--batch", "8"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["mode"] == "compiled"
+    assert s["losses_identical"] is True and s["iterations_compared"] == 5
+    assert s["capacity_bytes"] <= 0.5 * s["peak_bytes_no_offload"] + 1
+    assert 0 < s["peak_resident_bytes"] <= s["capacity_bytes"] and s["over_capacity_kernels"] == 0
+    assert s["bytes_offloaded"] > 0 and s["plan_migrations"] > 0 and not s["diverged"]
+    assert "teraio demo (compiled)" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "teraio.demo", "--compile", "--sweep"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--compile and --sweep cannot be combined" in r.stderr

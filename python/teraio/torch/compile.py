@@ -346,6 +346,8 @@ class CompiledOffload:
         """The runtime's kernel_begin(k), then what kernel k reads made
         resident, then the resident bytes up to the next point accounted."""
         rt = self._rt
+        if rt._deaths:
+            rt._drain_deaths()  # tensors Inductor's code freed: unbound, not resident
         rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode()))
         for i in ensure:
             if i in rt._bound:
