@@ -172,17 +172,20 @@ class _GraphRuntime(OffloadRuntime):
 
 class CompiledOffload:
     """A compiled training job's offloading: profile, plan, run, re-plan
-    (module text).  ``capacity``: bytes (int) or a share of the profiled
-    peak (float in (0, 1]); ``ssd``: one or more directories;
-    ``ssd_gbps``: the (read, write) GB/s the planner assumes (default:
-    measured through the engine; a plan assuming more than the SSD gives
-    waits at its deadlines, it never exceeds the capacity); ``safe``: as
-    OffloadRuntime's (between steps, operators that read an offloaded
+    (module text).  The options are teraio.torch.offload's:
+    ``capacity`` bytes (int) or a share of the profiled peak (float in
+    (0, 1]); ``ssd`` one or more directories; ``profile_iterations``,
+    ``reprofile_after``, ``max_plans``, ``host_cap_bytes``,
+    ``bandwidth_share``, ``space_bytes``, ``staging``, ``name``; ``safe``
+    as OffloadRuntime's (between steps, operators that read an offloaded
     tensor and the model's and optimizer's ``state_dict()`` fetch it
-    first).  With
-    ``compile_model`` (default) ``model.compile(backend=self.backend,
-    dynamic=False)`` is called; else compile what you like with
-    :attr:`backend`."""
+    first).  Its own: ``compile_model`` (default True) calls
+    ``model.compile(backend=self.backend, dynamic=False)``, else compile
+    what you like with :attr:`backend`; ``ssd_gbps``: the (read, write)
+    GB/s the planner assumes (default: measured through the engine; a plan
+    assuming more than the SSD gives waits at its deadlines, never more
+    memory).  After :meth:`close` the model stays compiled; its graphs run
+    as Inductor compiled them."""
 
     def __init__(self, model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *,
                  profile_iterations: int = 2, reprofile_after: int = 2, max_plans: int = 4,
