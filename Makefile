@@ -3,6 +3,7 @@
 #   make test    C unit tests, CLI error tests, ASan+UBSan run, fuzz smoke, pytest
 #   make demo    train a real model with tensors offloaded to SSD (build/demo/)
 #   make demo-sweep  the same model at capacities 0.9 .. 0.1 of its peak (build/demo-sweep/)
+#   make demo-compiled  the same model compiled, with teraio's torch.compile path (build/demo-compiled/)
 #   make bench   benchmarks (ratios against references measured in the same run)
 #   make paper   the TERAIO paper's configurations simulated (traces cached in
 #                build/paper-traces/<profile>/ by make paper-traces)
@@ -12,7 +13,7 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
-.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo demo-sweep \
+.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo demo-sweep demo-compiled \
 	bench paper paper-traces clean
 
 all: build
@@ -55,6 +56,10 @@ test-pip: deps
 
 demo: build
 	$(PY) -m teraio.demo --out build/demo
+
+# The same model trained with torch.compile, with and without teraio's compiled path (minutes: compiling).
+demo-compiled: build
+	$(PY) -m teraio.demo --compile --out build/demo-compiled
 
 # The capacity sweep: 0.9 .. 0.1 of the peak (a few minutes); sweep.md is the README's table.
 demo-sweep: build

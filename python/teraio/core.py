@@ -138,14 +138,15 @@ class Plan:
     def build(cls, trace: Trace, lifetime: Lifetime, capacity_bytes: int, ssd_read_gbps: float,
               ssd_write_gbps: float, host_cap_bytes: int = 0, planner: str = "teraio",
               host_to_device_gbps: float = 0.0, device_to_host_gbps: float = 0.0,
-              synchronous_moves: bool = True) -> "Plan":
+              synchronous_moves: bool = True, kinds: Iterable[str] | None = None) -> "Plan":
         """tio_plan_build: ``planner`` is "teraio" (the default, fast planner)
         or "alg1" (TERAIO's Algorithm 1 as published, about cubic in the
         kernel count); host channel bandwidths of 0 mean "as the SSD's".
         With ``synchronous_moves`` (the default) the plan fits whenever the
         capacity is at least the working-set floor (``Lifetime.max_active_bytes``),
         accepting stalls (``predicted_stall_ns``) where bandwidth cannot
-        hide a move."""
+        hide a move.  ``kinds``: the tensor kinds (KINDS names) that may
+        move (default all; the teraio planner only)."""
         if planner not in L.PLANNERS:
             raise ValueError(f"planner must be one of {sorted(L.PLANNERS)}, got {planner!r}")
         opt = L.PlanOptions()
@@ -158,6 +159,8 @@ class Plan:
         opt.device_to_host_gbps = device_to_host_gbps
         opt.host_cap_bytes = _u64("host_cap_bytes", host_cap_bytes)
         opt.synchronous_moves = bool(synchronous_moves)
+        if kinds is not None:
+            opt.kind_mask = sum(1 << KINDS[k] for k in kinds)
         p = L.PlanP()
         L.check(L.tio_plan_build(trace._p, lifetime._p, ctypes.byref(opt), ctypes.byref(p)))
         return cls(p, trace)

@@ -58,6 +58,12 @@ def parent(args) -> int:
         sys.stderr.write(f"teraio demo: {problem}\n")
         return 1
     t0 = time.time()
+    if args.compile:
+        from ..torch._compile_demo import as_run_a
+        ca = child("CA", args, [])
+        cb = child("CB", args, [])
+        progress("", final=False)
+        return report_demo(args, as_run_a(ca, cb), cb, t0)
     if args.sweep:
         a = child("A", args, ["--iterations", str(sweep_iterations(args))])
         s = child("S", args, ["--iterations", str(sweep_iterations(args)), "--peak-bytes", str(a["peak_bytes"])])
@@ -68,6 +74,21 @@ def parent(args) -> int:
     b = child("B", args, ["--capacity-bytes", str(capacity)])
     progress("", final=False)
     return report_demo(args, a, b, t0)
+
+
+def run_ca(args) -> dict:
+    """The compiled mode's run without teraio (teraio.torch._compile_demo)."""
+    from ..torch._compile_demo import run_compiled_plain
+    from . import job
+    return run_compiled_plain(args, job.Job(args), job)
+
+
+def run_cb(args) -> dict:
+    """The compiled mode's run with teraio's compiled path."""
+    from ..torch._compile_demo import run_compiled_teraio
+    from . import job
+    from .runs import ssd_dirs
+    return run_compiled_teraio(args, job.Job(args), job, ssd_dirs(args))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,6 +106,8 @@ def check_args(args) -> str | None:
         return "--validate-iterations must be 0 or a positive multiple of 3"
     if args.sweep_iterations < 1:
         return "--sweep-iterations must be >= 1"
+    if args.compile and args.sweep:
+        return "--compile and --sweep cannot be combined"
     for name in ("dim", "layers", "heads", "ffn_dim", "seq_len", "batch"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"
@@ -129,7 +152,10 @@ def main(argv=None) -> int:
                     help="instead of run B: the capacity sweep, 0.9 .. 0.1 of the peak (make demo-sweep)")
     ap.add_argument("--sweep-iterations", type=int, default=2,
                     help="rounds per capacity of the sweep, four iterations each (default 2)")
-    ap.add_argument("--child", choices=["A", "B", "S"], help=argparse.SUPPRESS)
+    ap.add_argument("--compile", action="store_true",
+                    help="train with torch.compile: Inductor alone, then with teraio's compiled path, at "
+                         "--capacity-fraction of the compiled step's peak (make demo-compiled)")
+    ap.add_argument("--child", choices=["A", "B", "S", "CA", "CB"], help=argparse.SUPPRESS)
     ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--peak-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -142,7 +168,7 @@ def main(argv=None) -> int:
     setup_process()
     from .._lib import TeraioError
     try:
-        result = {"A": run_a, "B": run_b, "S": run_s}[args.child](args)
+        result = {"A": run_a, "B": run_b, "S": run_s, "CA": run_ca, "CB": run_cb}[args.child](args)
     except (TeraioError, OSError, ValueError, RuntimeError, MemoryError) as e:
         progress("")
         sys.stderr.write(f"teraio demo: {e}\n")

@@ -18,6 +18,7 @@ def summary_of(args, a: dict, b: dict, t0: float) -> dict:
     n = min(len(a["losses"]), len(b["losses"]))
     s = b["stats"]
     out = {
+        "mode": b.get("mode", "eager"),
         "model": "llama-demo", "n_params": a["n_params"], "corpus_bytes": a["corpus_bytes"],
         "n_kernels": a["n_kernels"],
         "peak_bytes_no_offload": a["peak_bytes"],
@@ -74,8 +75,8 @@ def report_demo(args, a: dict, b: dict, t0: float) -> int:
     capacity = summary["capacity_bytes"]
     memory_chart(os.path.join(args.out, "memory.svg"), a, b, capacity)
     s, n = b["stats"], summary["iterations_compared"]
-    say(f"teraio demo: {a['n_params'] / 1e6:.1f}M-parameter Llama-style model, {n} iterations on "
-        f"{a['corpus_bytes'] / 1e6:.1f} MB of Python stdlib source")
+    say(f"teraio demo ({summary['mode']}): {a['n_params'] / 1e6:.1f}M-parameter Llama-style model, {n} "
+        f"iterations on {a['corpus_bytes'] / 1e6:.1f} MB of Python stdlib source")
     say(f"  peak memory without offloading  {mib(a['peak_bytes'])}")
     say(f"  {'capacity (x' + format(args.capacity_fraction, 'g') + ')':<32}{mib(capacity)}")
     say(f"  peak resident with offloading   {mib(s['peak_resident_bytes'])}"

@@ -352,7 +352,8 @@ class _Step:
         return self.off._exit(exc)
 
 
-def offload(model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, **options) -> Offload:
+def offload(model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *, compile: bool = False,
+            **options):
     """Offload `model`'s and `optimizer`'s tensors to SSD (and host memory,
     with ``host_cap_bytes``) so that at most ``capacity`` bytes stay
     resident at every kernel of every planned step.
@@ -364,5 +365,14 @@ def offload(model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, **op
     ``bandwidth_share`` (0.7: the share of the engine's measured bandwidth
     the planner may book), ``space_bytes`` (SSD space; default twice the
     peak), ``safe`` (True), ``staging`` (default: on for device memory),
-    ``name``.  See :class:`Offload`."""
+    ``name``.  See :class:`Offload`.
+
+    ``compile=True``: the model is compiled (``torch.compile`` with
+    teraio's backend) and the migrations are calls in the compiled program
+    instead of a dispatch mode: a
+    :class:`teraio.torch.compile.CompiledOffload` (docs/compile.md), with
+    the same options and methods."""
+    if compile:
+        from .compile import CompiledOffload
+        return CompiledOffload(model, optimizer, capacity, ssd, **options)
     return Offload(model, optimizer, capacity, ssd, **options)
