@@ -1,0 +1,403 @@
+"""examples/train.py — a distributed training job fed and checkpointed by teraio.
+
+    torchrun --nproc-per-node 2 examples/train.py --steps 20 --ckpt-every 5
+    torchrun --nproc-per-node 3 examples/train.py --steps 30 --resume build/train/ckpt
+
+A Llama-style decoder (teraio.models.llama) trained with AdamW under FSDP2
+(``fully_shard`` per layer, then the root) or DDP, on the gloo backend (CPU).
+Its tokens come from ``teraio.data.StreamingDataset``: two JSONL sub-datasets
+mixed by weight and tokenized on the fly with a built-in BPE encoding
+(r50k_base by default); the data-parallel rank and size come from the
+DeviceMesh that FSDP2 shards over (from the process group under DDP).
+
+Every ``--ckpt-every`` steps ``torch.distributed.checkpoint`` (DCP) saves the
+model, the optimizer, the step and the loader into ``CKPT/step-NNNNNNNN``:
+one loader entry per rank (``loader.rankNNNNN``), since each rank's position
+is its own.  DCP writes into ``step-NNNNNNNN.partial`` and rank 0 renames it
+once every rank's bytes and the metadata are on disk, so a job killed in the
+middle of a checkpoint leaves the previous one complete.  ``--resume`` (a
+checkpoint, or a folder of them: the newest complete one) works on any number
+of ranks: DCP reshards model and optimizer, every new rank loads the states
+of all old ranks' loaders and takes over its share of their logical shards
+(nothing repeated or skipped within the epoch), and the step count continues.
+
+Without ``--data`` the job writes its own corpus into ``OUT/corpus`` from the
+running Python's standard library (docstrings in ``prose``, function and
+class sources in ``code``), so it runs on a fresh clone.  On a terminal rank
+0 shows a progress line (step, loss, tokens/s); piped, it prints only the
+summary at the end.  Each rank appends one JSON line per step to
+``OUT/metrics/rankN.jsonl`` (loss as an exact float; with ``--provenance``
+the spans of every delivered sample).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from teraio.data import StreamingDataset
+from teraio.models.llama import Llama, LlamaConfig
+from teraio.tok import Tokenizer
+
+LOADER_KEY = "loader.rank{:05d}"
+STEP_DIR = "step-{:08d}"
+MODEL_ARGS = ("dim", "layers", "heads", "ffn", "seq_len", "tokenizer")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="build/train", help="corpus, checkpoints and metrics (default %(default)s)")
+    p.add_argument("--data", help="dataset root (one folder per sub-dataset); default: OUT/corpus, "
+                   "written from the standard library when absent")
+    p.add_argument("--weights", help="mixing weights NAME=W,...; default: equal")
+    p.add_argument("--tokenizer", default="r50k_base", help="built-in encoding or tokenizer.json "
+                   "(default %(default)s)")
+    p.add_argument("--steps", type=int, default=20, help="train until this step (counted from the "
+                   "start of training, also across --resume)")
+    p.add_argument("--batch-size", type=int, default=4, help="samples per rank and step")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
+    p.add_argument("--parallel", choices=("fsdp", "ddp"), default="fsdp")
+    p.add_argument("--logical-shards", type=int, default=64)
+    p.add_argument("--shuffle-buffer", type=int, default=64)
+    p.add_argument("--ckpt-dir", help="where checkpoints go (default OUT/ckpt)")
+    p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
+    p.add_argument("--resume", help="a checkpoint (step-N folder) or a folder of them (the newest "
+                   "complete one); any number of ranks")
+    p.add_argument("--provenance", action="store_true", help="write the spans of every sample "
+                   "delivered into the metrics")
+    p.add_argument("--corpus-files", type=int, default=40, help="standard-library modules in the "
+                   "generated corpus (default %(default)s)")
+    p.add_argument("--kill-in-checkpoint", metavar="STEP:RANK", help="fault injection for tests: "
+                   "rank RANK sends itself SIGKILL in checkpoint STEP, after writing its bytes and "
+                   "before the checkpoint is complete")
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "seq_len", "dim", "layers", "heads", "ffn", "logical_shards"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.dim % args.heads or (args.dim // args.heads) % 2:
+        p.error("--dim must be a multiple of --heads with an even head size")
+    if args.ckpt_every < 0 or args.shuffle_buffer < 0:
+        p.error("--ckpt-every and --shuffle-buffer must be >= 0")
+    args.weights = parse_weights(p, args.weights)
+    args.kill_at = None
+    if args.kill_in_checkpoint:
+        m = re.fullmatch(r"(\d+):(\d+)", args.kill_in_checkpoint)
+        if not m:
+            p.error("--kill-in-checkpoint takes STEP:RANK")
+        args.kill_at = (int(m[1]), int(m[2]))
+    args.out = Path(args.out)
+    args.data = Path(args.data) if args.data else args.out / "corpus"
+    args.ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else args.out / "ckpt"
+    return args
+
+
+def parse_weights(p, text):
+    if not text:
+        return None
+    out = {}
+    for item in text.split(","):
+        name, _, w = item.partition("=")
+        try:
+            out[name.strip()] = float(w)
+        except ValueError:
+            p.error(f"--weights: {item!r} is not NAME=WEIGHT")
+    return out
+
+
+# ------------------------------------------------------------------ corpus ---
+
+def stdlib_documents(n_files: int) -> dict[str, list[str]]:
+    """Documents from the first `n_files` top-level modules of this Python's
+    standard library (sorted by name): every docstring in ``prose``, every
+    top-level function and class source in ``code``."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    prose, code = [], []
+    for path in sorted(root.glob("*.py"))[:n_files]:
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    prose.append(doc)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                src = ast.get_source_segment(text, node)
+                if src:
+                    code.append(src)
+    return {"prose": prose, "code": code}
+
+
+def write_corpus(root: Path, n_files: int) -> None:
+    """OUT/corpus/{prose,code}/stdlib.jsonl, each written to a private temporary
+    file and renamed, so ranks (or nodes) that write it at once agree."""
+    for name, docs in stdlib_documents(n_files).items():
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".stdlib.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for text in docs:
+                f.write(json.dumps({"text": text}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, d / "stdlib.jsonl")
+
+
+def vocabulary(spec: str) -> tuple[int, int]:
+    """Vocabulary size and end-of-text id of a built-in encoding or a tokenizer.json."""
+    tok = Tokenizer.huggingface(spec) if spec.endswith(".json") else Tokenizer.encoding(spec)
+    try:
+        return tok.vocab_size, tok.special_id("<|endoftext|>")
+    except Exception as e:
+        raise SystemExit(f"train.py: tokenizer {spec} has no <|endoftext|> token to end documents "
+                         f"with ({e})") from None
+    finally:
+        tok.close()
+
+
+# ------------------------------------------------------------- processes ---
+
+def init_distributed(tmp: Path):
+    """The gloo process group from torchrun's environment, or a group of one
+    when the script runs as a plain process."""
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+    else:
+        tmp.mkdir(parents=True, exist_ok=True)
+        store = dist.FileStore(str(tmp / f"store.{os.getpid()}"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def build_model(args, vocab_size: int, world: int):
+    """The model, wrapped for data parallelism, and the mesh its data ranks come from."""
+    torch.manual_seed(args.seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, dim=args.dim, n_layers=args.layers,
+                      n_heads=args.heads, ffn_dim=args.ffn, max_seq_len=args.seq_len)
+    model = Llama(cfg)
+    if args.parallel == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model), None
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, mesh
+
+
+def open_dataset(args, mesh, rank: int, world: int, eos_id: int):
+    common = dict(seq_len=args.seq_len, seed=args.seed, weights=args.weights,
+                  logical_shards=args.logical_shards, shuffle_buffer=args.shuffle_buffer,
+                  eos_id=eos_id, tokenizer=args.tokenizer, provenance=args.provenance)
+    if mesh is not None:
+        return StreamingDataset(args.data, device_mesh=mesh, mesh_dim="dp", **common)
+    return StreamingDataset(args.data, rank=rank, world_size=world, **common)
+
+
+def next_batch(it, batch_size: int):
+    samples = [next(it) for _ in range(batch_size)]
+    batch = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels")}
+    if "provenance" in samples[0]:
+        batch["spans"] = [row for s in samples for row in s["provenance"].tolist()]
+    return batch
+
+
+# ------------------------------------------------------------ checkpoints ---
+
+class _KillingWriter(dcp.FileSystemWriter):
+    """Fault injection: SIGKILL this process once its part of the checkpoint is
+    written, while the coordinator still waits for it to write the metadata."""
+
+    def write_data(self, plan, planner):
+        fut = super().write_data(plan, planner)
+        fut.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+        return fut
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(args, step: int, model, optimizer, ds, rank: int) -> Path:
+    final = args.ckpt_dir / STEP_DIR.format(step)
+    partial = final.with_name(final.name + ".partial")
+    if rank == 0:
+        for stale in (partial, final):
+            shutil.rmtree(stale, ignore_errors=True)
+        partial.mkdir(parents=True)
+        (partial / "train.json").write_text(json.dumps({k: getattr(args, k) for k in MODEL_ARGS}))
+    dist.barrier()
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd, "step": step, LOADER_KEY.format(ds.rank): ds.state_dict()}
+    writer_cls = _KillingWriter if args.kill_at == (step, rank) else dcp.FileSystemWriter
+    dcp.save(state, storage_writer=writer_cls(str(partial)))
+    dist.barrier()                     # every rank's bytes and the metadata are on disk
+    if rank == 0:
+        partial.rename(final)
+        fsync_dir(final.parent)
+    dist.barrier()
+    return final
+
+
+def find_checkpoint(path: Path) -> Path:
+    """`path` itself when it is a complete checkpoint, else its newest complete step-N folder."""
+    if (path / ".metadata").is_file():
+        return path
+    done = sorted(p for p in path.glob("step-*") if re.fullmatch(r"step-\d+", p.name)
+                  and (p / ".metadata").is_file())
+    if not done:
+        raise SystemExit(f"train.py: {path}: no complete checkpoint (step-N folder with .metadata)")
+    return done[-1]
+
+
+def saved_loader_ranks(path: Path) -> list[int]:
+    """The ranks whose loader states checkpoint `path` holds (the world size that saved it)."""
+    keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return sorted(int(m[1]) for k in keys if (m := re.fullmatch(r"loader\.rank(\d+)\.state", k)))
+
+
+def load_checkpoint(args, path: Path, model, optimizer, ds) -> int:
+    """Restore model, optimizer and loader from `path`; return its step."""
+    saved = json.loads((path / "train.json").read_text())
+    wrong = [f"--{k.replace('_', '-')} {saved[k]} (not {getattr(args, k)})" for k in MODEL_ARGS
+             if saved.get(k) != getattr(args, k)]
+    if wrong:
+        raise SystemExit(f"train.py: {path} was trained with " + ", ".join(wrong))
+    old_ranks = saved_loader_ranks(path)
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd, "step": 0}
+    for r in old_ranks:
+        state[LOADER_KEY.format(r)] = {"rank": 0, "world_size": 0, "state": b""}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    ds.load_state_dict([state[LOADER_KEY.format(r)] for r in old_ranks])
+    return int(state["step"])
+
+
+# ---------------------------------------------------------------- output ---
+
+class Progress:
+    """Rank 0's progress line on a terminal; nothing when piped."""
+
+    def __init__(self, rank: int):
+        self.rank0 = rank == 0
+        self.on = self.rank0 and sys.stdout.isatty()
+
+    def show(self, text: str) -> None:
+        if self.on:
+            sys.stdout.write("\r\033[K" + text)
+            sys.stdout.flush()
+
+    def say(self, text: str) -> None:
+        """A line that stays, from rank 0, on a terminal or not."""
+        if self.on:
+            sys.stdout.write("\r\033[K")
+        if self.rank0:
+            print(text, flush=True)
+
+
+def human(n: float) -> str:
+    for unit in ("", "k", "M", "G"):
+        if abs(n) < 1000:
+            return f"{n:.1f}{unit}"
+        n /= 1000
+    return f"{n:.1f}T"
+
+
+# ------------------------------------------------------------------ main ---
+
+def train(args) -> int:
+    rank, world, local_rank = init_distributed(args.out / "tmp")
+    if local_rank == 0 and not args.data.exists():
+        write_corpus(args.data, args.corpus_files)
+    dist.barrier()
+    vocab, eos_id = vocabulary(args.tokenizer)
+    model, mesh = build_model(args, vocab, world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    ds = open_dataset(args, mesh, rank, world, eos_id)
+    start = 0
+    if args.resume:
+        path = find_checkpoint(Path(args.resume))
+        start = load_checkpoint(args, path, model, optimizer, ds)
+    metrics_dir = args.out / "metrics"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    metrics = open(metrics_dir / f"rank{rank}.jsonl", "w")
+    progress = Progress(rank)
+    if args.resume:
+        progress.say(f"train: resumed {path} (step {start}, saved by {len(saved_loader_ranks(path))} ranks) on {world}")
+    it = iter(ds)
+    losses, t_start, last = [], time.perf_counter(), None
+    tokens_per_step = world * args.batch_size * args.seq_len
+    for step in range(start + 1, args.steps + 1):
+        t0 = time.perf_counter()
+        batch = next_batch(it, args.batch_size)
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(batch["input_ids"], batch["labels"])
+        loss.backward()
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        mean = mean.item() / world
+        dt = time.perf_counter() - t0
+        losses.append(mean)
+        row = {"step": step, "loss": loss.item(), "loss_mean": mean, "tokens": tokens_per_step,
+               "time_s": dt}
+        if "spans" in batch:
+            row["spans"] = batch["spans"]
+        metrics.write(json.dumps(row) + "\n")
+        metrics.flush()
+        progress.show(f"step {step}/{args.steps}  loss {mean:.4f}  {human(tokens_per_step / dt)} tokens/s")
+        if args.ckpt_every and step % args.ckpt_every == 0:
+            last = save_checkpoint(args, step, model, optimizer, ds, rank)
+    metrics.close()
+    elapsed = time.perf_counter() - t_start
+    if losses:
+        progress.say(f"train: steps {start + 1}-{args.steps} on {world} ranks ({args.parallel}, gloo), "
+                     f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
+                     f"{human(tokens_per_step * len(losses) / elapsed)} tokens/s"
+                     + (f", last checkpoint {last}" if last else ""))
+    else:
+        progress.say(f"train: nothing to do, the checkpoint is at step {start} >= --steps {args.steps}")
+    ds.close()
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    return train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
