@@ -3,13 +3,14 @@
 #   make test    C unit tests, CLI error tests, ASan+UBSan run, fuzz smoke, pytest
 #   make demo    train a real model with tensors offloaded to SSD (build/demo/)
 #   make bench   benchmarks (ratios against references measured in the same run)
+#   make test-slow  the slow tests (two-node training job in network namespaces)
 SHELL := /bin/bash
 PY := .venv/bin/python
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
-.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo bench clean
+.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-slow test-pip demo bench clean
 
 all: build
 
@@ -44,6 +45,10 @@ test-fuzz: deps
 
 test-python: build
 	$(PY) -m pytest -q -rs tests/python
+
+# Slow tests (also part of `make test` when TERAIO_SLOW=1).
+test-slow: build
+	TERAIO_SLOW=1 $(PY) -m pytest -q -rs tests/python/test_dist_two_nodes.py
 
 # `pip install .` into a fresh venv: import teraio and the teraio command work.
 test-pip: deps
