@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import re
@@ -84,6 +85,13 @@ def parse_args(argv=None):
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
     p.add_argument("--resume", help="a checkpoint (step-N folder) or a folder of them (the newest "
                    "complete one); any number of ranks")
+    p.add_argument("--offload-capacity", type=capacity, metavar="C", help="offload tensors with "
+                   "teraio: C is each rank's capacity, a share of its profiled peak (0 < C <= 1) or "
+                   "bytes (an integer > 1)")
+    p.add_argument("--offload-ssd", action="append", metavar="DIR", help="a directory for the "
+                   "backing files, repeatable (striping); '{rank}' and '{local_rank}' in it are "
+                   "this process's (default OUT/ssd, shared by all ranks: each process has its own "
+                   "private files)")
     p.add_argument("--provenance", action="store_true", help="write the spans of every sample "
                    "delivered into the metrics")
     p.add_argument("--corpus-files", type=int, default=40, help="standard-library modules in the "
@@ -109,7 +117,21 @@ def parse_args(argv=None):
     args.out = Path(args.out)
     args.data = Path(args.data) if args.data else args.out / "corpus"
     args.ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else args.out / "ckpt"
+    args.offload_ssd = args.offload_ssd or [str(args.out / "ssd")]
     return args
+
+
+def capacity(text: str):
+    """--offload-capacity: a share of the peak (float in (0, 1]) or bytes (int > 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if 0 < value <= 1:
+        return value
+    if value > 1 and value == int(value):
+        return int(value)
+    raise argparse.ArgumentTypeError(f"{text!r}: a share in (0, 1] or a whole number of bytes")
 
 
 def parse_weights(p, text):
@@ -336,6 +358,44 @@ def human(n: float) -> str:
 
 # ------------------------------------------------------------------ main ---
 
+def start_offload(args, model, optimizer):
+    """teraio's one-call offloading for this rank (None without --offload-capacity): it
+    profiles this rank's first steps, plans for this rank's capacity and moves tensors
+    to this process's own backing files under the --offload-ssd directories."""
+    if args.offload_capacity is None:
+        return None
+    import teraio.torch
+    offload = getattr(teraio.torch, "offload", None)
+    if not callable(offload):        # before issue 13, teraio.torch.offload is a module
+        raise SystemExit("train.py: --offload-capacity needs the function teraio.torch.offload, "
+                         "which this checkout of teraio does not have yet")
+    return offload(model, optimizer, capacity=args.offload_capacity, ssd=args.offload_ssd)
+
+
+def offload_summary(off, rank: int) -> dict | None:
+    if off is None:
+        return None
+    rep = off.report()
+    caps = [p["capacity_bytes"] for p in rep.get("plans", [])]
+    return {"rank": rank, "capacity_bytes": max(caps) if caps else None,
+            "peak_resident_bytes": rep.get("peak_resident_bytes"),
+            "bytes_offloaded": rep.get("bytes_offloaded"), "bytes_prefetched": rep.get("bytes_prefetched"),
+            "stalls": rep.get("stalls"), "report": rep}
+
+
+def mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def train_step(model, optimizer, batch, off):
+    with off.step() if off is not None else contextlib.nullcontext():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(batch["input_ids"], batch["labels"])
+        loss.backward()
+        optimizer.step()
+    return loss.detach()
+
+
 def train(args) -> int:
     rank, world, local_rank = init_distributed(args.out / "tmp")
     if local_rank == 0 and not args.data.exists():
@@ -349,34 +409,37 @@ def train(args) -> int:
     if args.resume:
         path = find_checkpoint(Path(args.resume))
         start = load_checkpoint(args, path, model, optimizer, ds)
-    metrics_dir = args.out / "metrics"
-    metrics_dir.mkdir(parents=True, exist_ok=True)
-    metrics = open(metrics_dir / f"rank{rank}.jsonl", "w")
+    off = start_offload(args, model, optimizer)
+    (args.out / "metrics").mkdir(parents=True, exist_ok=True)
+    metrics = open(args.out / "metrics" / f"rank{rank}.jsonl", "w")
     progress = Progress(rank)
     if args.resume:
-        progress.say(f"train: resumed {path} (step {start}, saved by {len(saved_loader_ranks(path))} ranks) on {world}")
+        progress.say(f"train: resumed {path} (step {start}, saved by {len(saved_loader_ranks(path))} "
+                     f"ranks) on {world}")
     it = iter(ds)
     losses, t_start, last = [], time.perf_counter(), None
     tokens_per_step = world * args.batch_size * args.seq_len
     for step in range(start + 1, args.steps + 1):
         t0 = time.perf_counter()
         batch = next_batch(it, args.batch_size)
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(batch["input_ids"], batch["labels"])
-        loss.backward()
-        optimizer.step()
-        mean = loss.detach().clone()
+        loss = train_step(model, optimizer, batch, off)
+        mean = loss.clone()
         dist.all_reduce(mean)
         mean = mean.item() / world
         dt = time.perf_counter() - t0
         losses.append(mean)
         row = {"step": step, "loss": loss.item(), "loss_mean": mean, "tokens": tokens_per_step,
                "time_s": dt}
+        moved = ""
+        if off is not None:
+            row["bytes_offloaded"] = off.report()["bytes_offloaded"]
+            moved = f"  offloaded {mib(row['bytes_offloaded'])} (rank 0)"
         if "spans" in batch:
             row["spans"] = batch["spans"]
         metrics.write(json.dumps(row) + "\n")
         metrics.flush()
-        progress.show(f"step {step}/{args.steps}  loss {mean:.4f}  {human(tokens_per_step / dt)} tokens/s")
+        progress.show(f"step {step}/{args.steps}  loss {mean:.4f}  "
+                      f"{human(tokens_per_step / dt)} tokens/s{moved}")
         if args.ckpt_every and step % args.ckpt_every == 0:
             last = save_checkpoint(args, step, model, optimizer, ds, rank)
     metrics.close()
@@ -388,6 +451,17 @@ def train(args) -> int:
                      + (f", last checkpoint {last}" if last else ""))
     else:
         progress.say(f"train: nothing to do, the checkpoint is at step {start} >= --steps {args.steps}")
+    summary = offload_summary(off, rank)
+    if off is not None:
+        off.close()
+        (args.out / "metrics" / f"offload-rank{rank}.json").write_text(json.dumps(summary))
+    summaries = [None] * world if rank == 0 else None
+    dist.gather_object(summary, summaries, dst=0)
+    for s in summaries or []:
+        if s is not None:
+            progress.say(f"train: rank {s['rank']}: peak resident {mib(s['peak_resident_bytes'])} of "
+                         f"capacity {mib(s['capacity_bytes'])}, offloaded {mib(s['bytes_offloaded'])}, "
+                         f"prefetched {mib(s['bytes_prefetched'])}, stalls {s['stalls']}")
     ds.close()
     dist.destroy_process_group()
     return 0
