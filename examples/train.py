@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from teraio._lib import TeraioError
 from teraio.data import StreamingDataset
 from teraio.models.llama import Llama, LlamaConfig
 from teraio.tok import Tokenizer
@@ -348,6 +349,10 @@ class Progress:
             print(text, flush=True)
 
 
+def ranks(n: int) -> str:
+    return f"{n} rank" + ("" if n == 1 else "s")
+
+
 def human(n: float) -> str:
     for unit in ("", "k", "M", "G"):
         if abs(n) < 1000:
@@ -415,7 +420,7 @@ def train(args) -> int:
     progress = Progress(rank)
     if args.resume:
         progress.say(f"train: resumed {path} (step {start}, saved by {len(saved_loader_ranks(path))} "
-                     f"ranks) on {world}")
+                     f"ranks) on {ranks(world)}")
     it = iter(ds)
     losses, t_start, last = [], time.perf_counter(), None
     tokens_per_step = world * args.batch_size * args.seq_len
@@ -445,7 +450,7 @@ def train(args) -> int:
     metrics.close()
     elapsed = time.perf_counter() - t_start
     if losses:
-        progress.say(f"train: steps {start + 1}-{args.steps} on {world} ranks ({args.parallel}, gloo), "
+        progress.say(f"train: steps {start + 1}-{args.steps} on {ranks(world)} ({args.parallel}, gloo), "
                      f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
                      f"{human(tokens_per_step * len(losses) / elapsed)} tokens/s"
                      + (f", last checkpoint {last}" if last else ""))
@@ -469,8 +474,10 @@ def train(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
-    return train(args)
+    try:
+        return train(args)
+    except TeraioError as e:       # bad data, state or settings: one line, not a traceback
+        raise SystemExit(f"train.py: {e}") from None
 
 
 if __name__ == "__main__":

@@ -128,5 +128,5 @@ def test_plain_process_writes_its_own_corpus(tmp_path):
         lines = (out / "corpus" / sub / "stdlib.jsonl").read_text().splitlines()
         assert len(lines) > 3, sub
     assert [row["step"] for row in metrics(out, 0)] == [1, 2]
-    assert r.stdout.startswith("train: steps 1-2 on 1 ranks (ddp, gloo)"), r.stdout
+    assert r.stdout.startswith("train: steps 1-2 on 1 rank (ddp, gloo)"), r.stdout
     shutil.rmtree(out / "tmp", ignore_errors=True)
