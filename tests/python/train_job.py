@@ -62,3 +62,19 @@ def metrics(out, rank):
     """The example's metrics lines of `rank` (one dict per step)."""
     path = Path(out) / "metrics" / f"rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_epoch_delivered_once(spans, sizes, epoch=0):
+    """The spans (sub, file, doc, offset, length, epoch) of `epoch` cover every document
+    of `sizes` ({(sub, file, doc): packed tokens}) exactly once: no token repeated or missing."""
+    cover = {}
+    for sub, f, d, off, n, e in spans:
+        if e == epoch:
+            cover.setdefault((sub, f, d), []).append((off, n))
+    assert set(cover) == set(sizes)
+    for key, pieces in cover.items():
+        at = 0
+        for off, n in sorted(pieces):
+            assert off == at, (key, pieces)     # no token repeated, none skipped
+            at += n
+        assert at == sizes[key], (key, pieces)
