@@ -374,7 +374,13 @@ def start_offload(args, model, optimizer):
     if not callable(offload):        # before issue 13, teraio.torch.offload is a module
         raise SystemExit("train.py: --offload-capacity needs the function teraio.torch.offload, "
                          "which this checkout of teraio does not have yet")
-    return offload(model, optimizer, capacity=args.offload_capacity, ssd=args.offload_ssd)
+    if args.offload_ssd == [str(args.out / "ssd")]:
+        (args.out / "ssd").mkdir(parents=True, exist_ok=True)     # the default; others must exist
+    # DDP rebuilds its gradient buckets in its second step, so that step's operators never
+    # recur: profile three steps and plan on the third.
+    profile = 3 if args.parallel == "ddp" else 2
+    return offload(model, optimizer, capacity=args.offload_capacity, ssd=args.offload_ssd,
+                   profile_iterations=profile)
 
 
 def offload_summary(off, rank: int) -> dict | None:
@@ -458,6 +464,8 @@ def train(args) -> int:
         progress.say(f"train: nothing to do, the checkpoint is at step {start} >= --steps {args.steps}")
     summary = offload_summary(off, rank)
     if off is not None:
+        if off.trace is not None:    # for `teraio analyze` and the tests
+            off.trace.save(str(args.out / "metrics" / f"trace-rank{rank}.tio"))
         off.close()
         (args.out / "metrics" / f"offload-rank{rank}.json").write_text(json.dumps(summary))
     summaries = [None] * world if rank == 0 else None

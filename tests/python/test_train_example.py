@@ -13,22 +13,7 @@ import shutil
 
 import pytest
 
-from train_job import SMALL, assert_epoch_delivered_once, metrics, torchrun, write_corpus
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    base = tmp_path_factory.mktemp("train")
-    sizes = write_corpus(base / "corpus")
-    common = ["--data", base / "corpus", "--provenance", *SMALL]
-    return base, sizes, common
-
-
-@pytest.fixture(scope="module")
-def run_a(job):
-    base, _, common = job
-    torchrun(2, "--out", base / "A", "--steps", 6, "--ckpt-every", 3, *common, tmp=base / "tmp")
-    return base / "A"
+from train_job import SMALL, assert_epoch_delivered_once, job, metrics, run_a, torchrun  # noqa: F401
 
 
 @pytest.fixture(scope="module")

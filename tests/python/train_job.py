@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train.py"
 TOKENIZER = "r50k_base"
@@ -78,3 +80,19 @@ def assert_epoch_delivered_once(spans, sizes, epoch=0):
             assert off == at, (key, pieces)     # no token repeated, none skipped
             at += n
         assert at == sizes[key], (key, pieces)
+
+
+@pytest.fixture(scope="session")
+def job(tmp_path_factory):
+    """(folder, {(sub, file, doc): packed tokens}, the arguments every run shares)."""
+    base = tmp_path_factory.mktemp("train")
+    sizes = write_corpus(base / "corpus")
+    return base, sizes, ["--data", base / "corpus", "--provenance", *SMALL]
+
+
+@pytest.fixture(scope="session")
+def run_a(job):
+    """The uninterrupted run: 2 ranks (FSDP2), steps 1-6, checkpoints at steps 3 and 6."""
+    base, _, common = job
+    torchrun(2, "--out", base / "A", "--steps", 6, "--ckpt-every", 3, *common, tmp=base / "tmp")
+    return base / "A"
