@@ -3,8 +3,11 @@
  *
  * The engine moves bytes between addresses and files; it knows nothing of
  * tensors or plans.  Each SSD directory gets one preallocated backing file
- * (`teraio.<pid>.<engine>.<dir>.data`, unique per engine, removed on
- * destroy).  Space is handed out as extents in one logical address space
+ * (`teraio.<pid>.<16 random hex digits>.<dir>.data`, mode 0600, removed on
+ * destroy), flock'ed while the engine lives.  At create, backing files of
+ * that pattern in the directory that belong to this user and whose lock
+ * nobody holds (left by a job that was killed) are removed, each logged as a
+ * warning.  Space is handed out as extents in one logical address space
  * that is striped across the directories in `stripe_bytes` units (logical
  * offset o lives in directory (o / stripe) % n_dirs at file offset
  * (o / (stripe * n_dirs)) * stripe + o % stripe).  Extents are 4 KiB-
@@ -32,37 +35,40 @@
  * tio_engine_backend_reason and the log, and carries on with unregistered
  * buffers.
  *
- * Integrity: with options.checksum, a write computes the CRC32C of the
- * bytes written and keeps it with the extent; a read of exactly that many
- * bytes recomputes it and completes with TIO_ECORRUPT ("CRC32C mismatch",
- * naming the tag, the extent and both values) when they differ.  An extent
- * whose last write failed cannot be read (TIO_ECORRUPT, "last write
- * failed"): a failed write never passes for stored data.  Reads of another
- * length than the last write are not checked.
+ * Integrity (options.checksum, on by default): a write computes the CRC32C
+ * of each chunk it wrote and keeps them with the extent; a read of exactly
+ * that many bytes recomputes each chunk's and completes with TIO_ECORRUPT
+ * when one differs: "read from '<file>' at offset <file offset> (<n> bytes):
+ * CRC32C mismatch (written 0x.., read 0x..); tag <tag>, extent at offset
+ * <o> (<n> bytes)" (a bounce-buffered chunk's bytes are then not copied to
+ * the caller).  An extent whose last write failed cannot be read
+ * (TIO_ECORRUPT, "last write failed"): a failed write never passes for
+ * stored data.  Reads of another length than the last write are not
+ * checked.  With checksums on, every request must name an extent exactly as
+ * tio_engine_alloc returned it (-EINVAL otherwise).  The cost is measured in
+ * docs/engine.md.
  *
- * Environment (read by tio_engine_create):
+ * Environment (read once, by tio_engine_create):
  *   TIO_ENGINE_BACKEND=auto|io_uring|psync  overrides options.backend, e.g.
- *       for systems whose seccomp filter breaks io_uring in odd ways.
- *   TIO_ENGINE_FAULT=<eio|enospc|short|delay>:<read|write>:<N>[:<MS>]  fault
- *       injection for tests, inert unless set: the N-th chunk (1-based,
- *       counted per engine in submission order; a chunk is one piece of a
- *       request, at most request_bytes, within one stripe unit) of that kind
- *       fails with -EIO or -ENOSPC without touching the disk, or ("short")
- *       reports half its bytes transferred, which the retry logic must then
- *       complete, or ("delay") starts MS milliseconds late (default 100;
- *       other chunks keep moving meanwhile).  MS is accepted for delay only.
- *   TIO_ENGINE_PROBE_FAIL=<odirect|io_uring|memlock>[,...]  test hook, inert
- *       unless set: make the probe behave as if the file system refused
- *       O_DIRECT (EINVAL), the kernel refused io_uring (EPERM), or buffer
- *       registration hit RLIMIT_MEMLOCK (ENOMEM), to exercise each fallback.
- *   An invalid value of any of them makes create fail with -EINVAL.
+ *       for systems whose seccomp filter breaks io_uring in odd ways.  An
+ *       invalid value makes create fail with -EINVAL.
+ * Fault injection and forced probe refusals for tests are not reachable from
+ * here or from the environment: tests pass them explicitly (the private
+ * src/engine/engine_test.h).
  *
  * Every completion's length is checked; short transfers are resubmitted for
  * the rest; EINTR/EAGAIN are retried; any other error completes the request
  * with -errno and a message naming the file and offset.
  *
+ * Memory: each directory that holds data gets bounce buffers of
+ * min(request_bytes, stripe_bytes): queue_depth of them (at least 4), at
+ * most 64 MiB per directory, 256 MiB per engine, and no more than its share
+ * of the space can use.  Beyond that: one ring (io_uring) or four threads
+ * (psync) per directory and one allocation per request.
+ *
  * Thread-safety: one engine may be used from one thread at a time (the
- * runtime's thread); it runs its own worker threads internally.
+ * runtime's thread); it runs its own worker threads internally.  The
+ * reference count (tio_engine_retain / tio_engine_destroy) is atomic.
  */
 #ifndef TERAIO_ENGINE_H
 #define TERAIO_ENGINE_H
@@ -81,20 +87,23 @@ typedef enum {
     TIO_BACKEND_PSYNC = 2,    /* thread pool of pread/pwrite */
 } tio_backend;
 
+#define TIO_ENGINE_MAX_DIRS 64u
+
 typedef struct {
     const char *const *dirs;  /* SSD directories (must exist, be writable) */
-    uint32_t n_dirs;          /* >= 1 */
-    uint64_t capacity_bytes;  /* total space to preallocate, split over dirs */
+    uint32_t n_dirs;          /* 1 to TIO_ENGINE_MAX_DIRS */
+    uint64_t space_bytes;     /* SSD space to preallocate, split over dirs (not
+                                 the plan's capacity_bytes, the device budget) */
     uint32_t stripe_bytes;    /* striping unit, multiple of 4 KiB; default 1 MiB */
     uint32_t queue_depth;     /* in-flight requests per directory, <= 4096;
                                  default 32 */
     uint32_t request_bytes;   /* max bytes per I/O request, multiple of 4 KiB
                                  up to 1 GiB; default 1 MiB */
     tio_backend backend;      /* default AUTO */
-    bool checksum;            /* CRC32C per extent (see above); default off */
+    bool checksum;            /* CRC32C per chunk (see above); default on */
 } tio_engine_options;
 
-/* Defaults for everything except dirs/n_dirs/capacity_bytes.  create also
+/* Defaults for everything except dirs/n_dirs/space_bytes.  create also
  * treats 0 in stripe_bytes, queue_depth or request_bytes as the default. */
 TIO_API void tio_engine_options_default(tio_engine_options *opt);
 
@@ -108,16 +117,24 @@ typedef struct {
 
 /* Create the engine: check each directory, create and preallocate the
  * backing files, probe the backend.  `opt->dirs` is copied: it need not
- * outlive the call.  The logical space is capacity_bytes rounded up to
+ * outlive the call.  The logical space is space_bytes rounded up to
  * 4 KiB.
  * Returns 0; -ENOENT / -ENOTDIR / -EACCES (a directory missing or not
  * writable: message names it); -ENOSPC (cannot preallocate); -EPROTONOSUPPORT
  * (backend IO_URING forced but refused); -EINVAL; -ENOMEM. */
 TIO_API int tio_engine_create(const tio_engine_options *opt, tio_engine **out);
 
-/* Wait for in-flight requests, close and delete the backing files.
- * Completions not reaped are dropped.  NULL is a no-op. */
+/* Drop the caller's reference.  The last reference waits for in-flight
+ * requests, closes and deletes the backing files; completions not reaped
+ * are dropped.  NULL is a no-op. */
 TIO_API void tio_engine_destroy(tio_engine *engine);
+
+/* Take one more reference (returns `engine`; NULL stays NULL): the engine
+ * stays open until every reference is dropped with tio_engine_destroy.  A
+ * runtime holds one while it exists, so an engine destroyed by its creator
+ * while a runtime still uses it stays valid until the runtime is destroyed.
+ * The count is atomic; everything else keeps the one-thread rule below. */
+TIO_API tio_engine *tio_engine_retain(tio_engine *engine);
 
 /* The backend in use and, if it is not the preferred one, why
  * (e.g. "psync: io_uring_queue_init: Operation not permitted"; with
@@ -160,7 +177,7 @@ TIO_API int tio_engine_unregister_buffer(tio_engine *engine, void *addr);
 /* Space accounting of the extent allocator.  Fragmentation shows as
  * largest_free_bytes < free_bytes (1 - largest/free is the usual measure). */
 typedef struct {
-    uint64_t capacity_bytes;      /* the logical space (capacity rounded up) */
+    uint64_t space_bytes;         /* the logical space (space_bytes rounded up) */
     uint64_t free_bytes;          /* sum of the free ranges */
     uint64_t largest_free_bytes;  /* the largest allocation that can succeed */
     uint32_t free_extents;        /* number of free ranges (never touching) */

@@ -20,8 +20,10 @@
  * Memory is released and re-allocated only through the adapter's callbacks,
  * so the framework's allocator stays in charge.  Offloads go to the tier the
  * plan names: TIO_TIER_SSD through the engine, TIO_TIER_HOST into a
- * malloc'ed host copy.  An offload that cannot get space (engine full) keeps
- * the tensor resident and is counted in offloads_refused.
+ * malloc'ed host copy.  An offload that cannot get space (engine full,
+ * e.g. fragmented) keeps the tensor resident, is counted in
+ * offloads_refused and logged (the first refusal as a warning, later ones
+ * at debug level).
  *
  * Divergence: kernel_begin() compares the kernel's name with the trace.  On
  * the first mismatch the runtime logs one warning, stops issuing planned
@@ -88,10 +90,16 @@ typedef struct tio_runtime tio_runtime;
 
 /* Create a runtime for `plan` (checked against `trace`).  `engine` may be
  * NULL only if the plan has no SSD migrations.  The staging callbacks must
- * be all set or all NULL (else -EINVAL).  The runtime borrows plan,
- * trace and engine: they must outlive it.
+ * be all set or all NULL (else -EINVAL).  The runtime borrows plan and
+ * trace: they must outlive it.  It holds a reference to the engine
+ * (tio_engine_retain), dropped by tio_runtime_destroy, so the engine's
+ * creator may destroy it first.
+ * The engine must have room for the most SSD bytes the plan holds at once
+ * (each SSD tensor 4 KiB-aligned, from its first offload on: a global one
+ * for good, an intermediate one until its last use in the trace).
  * Returns 0; TIO_EUNKNOWN (plan names a tensor the trace lacks); -EINVAL;
- * -ENOMEM. */
+ * -ENOSPC (the engine's free space is smaller: the message says how much is
+ * needed); -ENOMEM. */
 TIO_API int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine *engine,
                                const tio_runtime_callbacks *cb, tio_runtime **out);
 

@@ -158,7 +158,7 @@ tio_plan_check = _fn("tio_plan_check", c_int, PlanP, TraceP, LifetimeP)
 # ---- engine -----------------------------------------------------------------
 class EngineOptions(Structure):
     _c_name = "tio_engine_options"
-    _fields_ = [("dirs", POINTER(c_char_p)), ("n_dirs", c_uint32), ("capacity_bytes", c_uint64),
+    _fields_ = [("dirs", POINTER(c_char_p)), ("n_dirs", c_uint32), ("space_bytes", c_uint64),
                 ("stripe_bytes", c_uint32), ("queue_depth", c_uint32), ("request_bytes", c_uint32),
                 ("backend", c_int), ("checksum", c_bool)]
 

@@ -178,48 +178,84 @@ BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2}
 
 
 class Engine:
-    """The storage engine over one or more SSD directories (include/teraio/engine.h)."""
+    """The storage engine over one or more SSD directories (include/teraio/engine.h).
 
-    def __init__(self, dirs: Sequence[str], capacity_bytes: int, backend: str = "auto"):
+    ``space_bytes`` is the SSD space to preallocate, split over ``dirs`` (not
+    a plan's ``capacity_bytes``, the device budget).  ``crc`` keeps a CRC32C
+    of every chunk written and checks it on every read (on by default): a
+    backing file changed behind the engine's back gives a TeraioError naming
+    the file and offset, never other bytes.
+
+    Single-thread, like the C engine.  After :meth:`close` every method
+    raises ValueError.  An OffloadRuntime built on the engine holds its own
+    reference in C, so closing the engine first is safe: the files go when
+    the runtime is closed too.
+    """
+
+    def __init__(self, dirs: Sequence[str], space_bytes: int, backend: str = "auto", crc: bool = True):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if not isinstance(crc, bool):
+            raise ValueError(f"crc must be True or False, got {crc!r}")
         opt = L.EngineOptions()
         L.tio_engine_options_default(ctypes.byref(opt))
         self._dirs = (ctypes.c_char_p * len(dirs))(*[os.fsencode(d) for d in dirs])
         opt.dirs = self._dirs
         opt.n_dirs = len(dirs)
-        opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
+        opt.space_bytes = _u64("space_bytes", space_bytes, 1)
         opt.backend = BACKENDS[backend]
+        opt.checksum = crc
+        self.crc = crc
         self._p = ctypes.c_void_p()
         L.check(L.tio_engine_create(ctypes.byref(opt), ctypes.byref(self._p)))
 
+    def _handle(self) -> ctypes.c_void_p:
+        """The C engine; ValueError once closed."""
+        p = getattr(self, "_p", None)
+        if not p:
+            raise ValueError("Engine is closed")
+        return p
+
     @property
     def backend(self) -> str:
-        return L.tio_backend_name(L.tio_engine_backend(self._p)).decode()
+        return L.tio_backend_name(L.tio_engine_backend(self._handle())).decode()
 
     @property
     def backend_reason(self) -> str:
-        r = L.tio_engine_backend_reason(self._p)
+        r = L.tio_engine_backend_reason(self._handle())
         return r.decode() if r else ""
 
     def measure_gbps(self, nbytes: int = 128 << 20) -> tuple[float, float]:
         """Write then read `nbytes` through the engine; returns (read, write) GB/s."""
+        p = self._handle()
+        nbytes = _u64("nbytes", nbytes, 1)
         buf = ctypes.create_string_buffer(nbytes)
         ctypes.memset(buf, 0x5A, nbytes)
         ext = L.Extent()
-        L.check(L.tio_engine_alloc(self._p, nbytes, ctypes.byref(ext)))
+        L.check(L.tio_engine_alloc(p, nbytes, ctypes.byref(ext)))
         try:
             t0 = time.perf_counter()
-            L.check(L.tio_engine_write(self._p, ctypes.byref(ext), buf, nbytes))
+            L.check(L.tio_engine_write(p, ctypes.byref(ext), buf, nbytes))
             t1 = time.perf_counter()
-            L.check(L.tio_engine_read(self._p, ctypes.byref(ext), buf, nbytes))
+            L.check(L.tio_engine_read(p, ctypes.byref(ext), buf, nbytes))
             t2 = time.perf_counter()
         finally:
-            L.tio_engine_free(self._p, ctypes.byref(ext))
+            L.tio_engine_free(p, ctypes.byref(ext))
         return nbytes / (t2 - t1) / 1e9, nbytes / (t1 - t0) / 1e9
 
     def close(self) -> None:
-        if getattr(self, "_p", None):
-            L.tio_engine_destroy(self._p)
+        """Drop this handle's reference (idempotent)."""
+        p = getattr(self, "_p", None)
+        if p:
             self._p = None
+            L.tio_engine_destroy(p)
+
+    def __enter__(self) -> "Engine":
+        self._handle()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __del__(self):
         self.close()

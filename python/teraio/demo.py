@@ -177,7 +177,7 @@ def offload_setup(args, trace, lt, label: str):
     dirs = args.ssd or [os.path.join(args.out, "ssd")]
     if not args.ssd:
         os.makedirs(dirs[0], exist_ok=True)
-    engine = Engine(dirs, capacity_bytes=2 * lt.peak_bytes + (64 << 20))
+    engine = Engine(dirs, space_bytes=2 * lt.peak_bytes + (64 << 20))
     progress(f"{label}: measuring SSD bandwidth through the engine")
     read_gbps, write_gbps = engine.measure_gbps(min(256 << 20, max(32 << 20, lt.peak_bytes // 4)))
 

@@ -23,8 +23,8 @@ static void run_chunk(tio_engine *e, tio_chunk *c)
 {
     int err = 0;
     if (c->fault == TIO_FAULT_DELAY) {
-        struct timespec ts = {.tv_sec = e->fault_delay_ms / 1000,
-                              .tv_nsec = (long)(e->fault_delay_ms % 1000) * 1000000L};
+        struct timespec ts = {.tv_sec = e->test.fault_delay_ms / 1000,
+                              .tv_nsec = (long)(e->test.fault_delay_ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
             ;
         c->fault = TIO_FAULT_NONE;
@@ -84,7 +84,7 @@ static void stop_dir(tio_dir *d)
     d->stop = false;
 }
 
-int tio_psync_start(tio_engine *e, char *why, size_t why_len)
+static int psync_start(tio_engine *e, char *why, size_t why_len)
 {
     uint32_t per_dir = e->opt.queue_depth < TIO_PSYNC_MAX_WORKERS ? e->opt.queue_depth
                                                                  : TIO_PSYNC_MAX_WORKERS;
@@ -108,13 +108,16 @@ int tio_psync_start(tio_engine *e, char *why, size_t why_len)
     return 0;
 }
 
-void tio_psync_kick(tio_dir *d)
+static void psync_kick(tio_dir *d)
 {
     pthread_cond_broadcast(&d->cv);
 }
 
-void tio_psync_stop(tio_engine *e)
+static void psync_stop(tio_engine *e)
 {
     for (uint32_t i = 0; i < e->n_dirs; i++)
         stop_dir(&e->dirs[i]);
 }
+
+const tio_backend_ops tio_psync_ops = {
+    .id = TIO_BACKEND_PSYNC, .start = psync_start, .kick = psync_kick, .stop = psync_stop};

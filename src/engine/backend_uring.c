@@ -22,7 +22,7 @@
  *
  * Every CQE is checked by tio_chunk_account: a short transfer or
  * -EINTR/-EAGAIN puts the chunk back at the front of the queue for the rest,
- * anything else fails the request.  Injected errors (TIO_ENGINE_FAULT) are
+ * anything else fails the request.  Injected errors (test hooks) are
  * submitted as a NOP whose result is then replaced, so they travel the same
  * path as a real failure without touching the disk; an injected delay is a
  * TIMEOUT op carrying the chunk, which goes back to the queue when it fires.
@@ -278,15 +278,17 @@ static int register_ring_buffers(tio_engine *e, tio_dir *d, const char **step)
         return rc;
     d->uring->bufs_registered = true;
     *step = "io_uring_register_buffers_update_tag";
-    if (e->probe_fail & TIO_PROBE_FAIL_MEMLOCK)
+    if (e->test.probe_fail & TIO_PROBE_FAIL_MEMLOCK)
         return -ENOMEM;
-    struct iovec *iov = calloc(e->n_bounce, sizeof *iov);
+    if (d->n_bounce == 0)
+        return 0;
+    struct iovec *iov = calloc(d->n_bounce, sizeof *iov);
     if (!iov)
         return -ENOMEM;
-    for (uint32_t i = 0; i < e->n_bounce; i++)
+    for (uint32_t i = 0; i < d->n_bounce; i++)
         iov[i] = (struct iovec){.iov_base = d->slab + (size_t)i * e->bounce_bytes,
                                 .iov_len = e->bounce_bytes};
-    rc = io_uring_register_buffers_update_tag(ring, 0, iov, NULL, e->n_bounce);
+    rc = io_uring_register_buffers_update_tag(ring, 0, iov, NULL, d->n_bounce);
     free(iov);
     return rc < 0 ? rc : 0;
 }
@@ -306,14 +308,15 @@ static void register_buffers(tio_engine *e)
             e->dirs[j].uring->bufs_registered = false;
         }
     char text[400];
+    uint64_t slab_bytes = 0;
+    for (uint32_t j = 0; j < e->n_dirs; j++)
+        slab_bytes += (uint64_t)e->dirs[j].n_bounce * e->bounce_bytes;
     if (rc == -ENOMEM)
-        tio_memlock_message(text, sizeof text,
-                            (uint64_t)e->n_dirs * e->n_bounce * e->bounce_bytes);
+        tio_memlock_message(text, sizeof text, slab_bytes);
     else
         snprintf(text, sizeof text, "fixed buffers off: %s: %s", step, tio_strerror(rc));
-    if (e->probe_fail & TIO_PROBE_FAIL_MEMLOCK)
-        snprintf(text + strlen(text), sizeof text - strlen(text),
-                 " (forced by TIO_ENGINE_PROBE_FAIL)");
+    if (e->test.probe_fail & TIO_PROBE_FAIL_MEMLOCK)
+        snprintf(text + strlen(text), sizeof text - strlen(text), " (forced by a test hook)");
     tio_engine_append_reason(e, text);
     tio_log(TIO_LOG_WARN, "engine: %s", text);
 }
@@ -358,10 +361,10 @@ static void stop_thread(tio_dir *d)
     pthread_join(d->uring->thread, NULL);
 }
 
-int tio_uring_start(tio_engine *e, char *why, size_t why_len)
+static int uring_start(tio_engine *e, char *why, size_t why_len)
 {
-    if (e->probe_fail & TIO_PROBE_FAIL_URING) {
-        snprintf(why, why_len, "io_uring_queue_init: %s (forced by TIO_ENGINE_PROBE_FAIL)",
+    if (e->test.probe_fail & TIO_PROBE_FAIL_URING) {
+        snprintf(why, why_len, "io_uring_queue_init: %s (forced by a test hook)",
                  tio_strerror(-EPERM));
         return -EPERM;
     }
@@ -382,8 +385,8 @@ int tio_uring_start(tio_engine *e, char *why, size_t why_len)
             d->uring = NULL;
             break;
         }
-        d->uring->delay.tv_sec = e->fault_delay_ms / 1000;
-        d->uring->delay.tv_nsec = (long long)(e->fault_delay_ms % 1000) * 1000000;
+        d->uring->delay.tv_sec = e->test.fault_delay_ms / 1000;
+        d->uring->delay.tv_nsec = (long long)(e->test.fault_delay_ms % 1000) * 1000000;
         rc = probe_ring(d, &d->uring->ring, why, why_len);
         if (rc) {
             n_rings++;
@@ -410,31 +413,32 @@ int tio_uring_start(tio_engine *e, char *why, size_t why_len)
     return 0;
 }
 
-void tio_uring_kick(tio_dir *d)
-{
-    feed(d);
-}
-
-void tio_uring_stop(tio_engine *e)
+static void uring_stop(tio_engine *e)
 {
     for (uint32_t i = 0; i < e->n_dirs; i++)
         stop_thread(&e->dirs[i]);
     close_rings(e, e->n_dirs);
 }
 
+const tio_backend_ops tio_uring_ops = {
+    .id = TIO_BACKEND_IO_URING, .start = uring_start, .kick = feed, .stop = uring_stop};
+
 #else /* !TIO_HAVE_LIBURING */
 
 /* Built without liburing: the probe always refuses, so the engine never
  * selects this backend and kick/stop have no ring to act on. */
-int tio_uring_start(tio_engine *e, char *why, size_t why_len)
+static int uring_start(tio_engine *e, char *why, size_t why_len)
 {
     snprintf(why, why_len, "built without liburing");
     return -EPROTONOSUPPORT;
 }
 
-void tio_uring_kick(tio_dir *d) {}
+static void uring_kick(tio_dir *d) {}
 
-void tio_uring_stop(tio_engine *e) {}
+static void uring_stop(tio_engine *e) {}
+
+const tio_backend_ops tio_uring_ops = {
+    .id = TIO_BACKEND_IO_URING, .start = uring_start, .kick = uring_kick, .stop = uring_stop};
 
 int tio_uring_update_slots(tio_engine *e, uint32_t slot, const struct iovec *iov, uint32_t n)
 {

@@ -1,7 +1,6 @@
 /*
- * engine/engine.c — the engine's front end: creating the backing files,
- * choosing a backend, cutting requests into chunks, and handing completions
- * back to the caller.
+ * engine/engine.c — the engine's front end: options, choosing a backend,
+ * cutting requests into chunks, and handing completions back to the caller.
  *
  * The caller's thread builds each request's chunks and appends them to the
  * pending queues of their directories; the backend's threads do the I/O and
@@ -9,9 +8,9 @@
  * last chunk is done.  tio_engine_reap and the synchronous helpers only ever
  * take requests off that list, so a synchronous call never swallows another
  * request's completion.  The bounce buffers, the chunk bookkeeping that
- * both backends share (prepare / account / finish), the per-extent CRC32C
- * and the environment switches (TIO_ENGINE_BACKEND, TIO_ENGINE_FAULT,
- * TIO_ENGINE_PROBE_FAIL) live here too.
+ * both backends share (prepare / account / finish) and the per-extent CRC32C
+ * live here too.  The backends sit behind tio_backend_ops; the backing files
+ * are backing_file.c's, the test hooks fault.c's.
  */
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -26,17 +25,17 @@
 #include "engine/engine_internal.h"
 
 #define MIB (1024u * 1024u)
-/* Bounce buffers per directory: queue_depth of them, capped at this many
- * bytes of slab (but at least 4 buffers, the most psync workers). */
+/* Bounce buffers per directory: queue_depth of them (but at least 4, the
+ * most psync workers), capped at this many bytes of slab per directory and
+ * in all, and at what the directory's file can hold. */
 #define TIO_BOUNCE_SLAB_BYTES (64u * MIB)
-#define TIO_FAULT_DELAY_DEFAULT_MS 100u
+#define TIO_BOUNCE_TOTAL_BYTES (256u * MIB)
 /* Transparent huge page size (x86-64, arm64 with 4 KiB pages). */
 #define TIO_HUGE_PAGE_BYTES (2u * MIB)
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; older kernels answer EINVAL */
 #endif
 
-static atomic_uint engine_seq;
 
 void tio_engine_options_default(tio_engine_options *opt)
 {
@@ -45,6 +44,7 @@ void tio_engine_options_default(tio_engine_options *opt)
     opt->queue_depth = 32;
     opt->request_bytes = MIB;
     opt->backend = TIO_BACKEND_AUTO;
+    opt->checksum = true;
 }
 
 const char *tio_backend_name(tio_backend backend)
@@ -83,8 +83,6 @@ void tio_engine_append_reason(tio_engine *e, const char *text)
     snprintf(e->reason + n, sizeof e->reason - n, "%s%s", n ? "; " : "", text);
 }
 
-static void append_reason(tio_engine *e, const char *text) { tio_engine_append_reason(e, text); }
-
 void tio_memlock_message(char *out, size_t len, uint64_t bytes)
 {
     struct rlimit rl;
@@ -106,8 +104,11 @@ static int check_options(const tio_engine_options *in, tio_engine_options *opt)
 {
     if (!in || !in->dirs || in->n_dirs == 0)
         return tio_fail(-EINVAL, "engine: at least one ssd directory is required");
-    if (in->capacity_bytes == 0)
-        return tio_fail(-EINVAL, "engine: capacity_bytes must be > 0");
+    if (in->n_dirs > TIO_ENGINE_MAX_DIRS)
+        return tio_fail(-EINVAL, "engine: %u ssd directories, at most %u", in->n_dirs,
+                        TIO_ENGINE_MAX_DIRS);
+    if (in->space_bytes == 0)
+        return tio_fail(-EINVAL, "engine: space_bytes must be > 0");
     *opt = *in;
     if (opt->stripe_bytes == 0)
         opt->stripe_bytes = MIB;
@@ -131,7 +132,8 @@ static int check_options(const tio_engine_options *in, tio_engine_options *opt)
     return 0;
 }
 
-/* TIO_ENGINE_BACKEND=auto|io_uring|psync overrides opt->backend. */
+/* TIO_ENGINE_BACKEND=auto|io_uring|psync overrides opt->backend (for
+ * systems whose seccomp filter breaks io_uring in odd ways). */
 static int apply_backend_env(tio_engine *e, bool *forced_by_env)
 {
     const char *v = getenv("TIO_ENGINE_BACKEND");
@@ -150,185 +152,7 @@ static int apply_backend_env(tio_engine *e, bool *forced_by_env)
     return 0;
 }
 
-/* TIO_ENGINE_FAULT="<eio|enospc|short|delay>:<read|write>:<N>[:<MS>]". */
-static int parse_fault_env(tio_engine *e)
-{
-    const char *v = getenv("TIO_ENGINE_FAULT");
-    if (!v || !v[0])
-        return 0;
-    char kind[16], op[16];
-    unsigned long long nth, ms = TIO_FAULT_DELAY_DEFAULT_MS;
-    int pos = 0;
-    if (sscanf(v, "%15[a-z]:%15[a-z]:%llu%n", kind, op, &nth, &pos) != 3)
-        goto bad;
-    if (v[pos] == ':') {
-        char *end;
-        const char *digits = v + pos + 1;
-        ms = strtoull(digits, &end, 10);
-        if (strcmp(kind, "delay") != 0 || end == digits || *end || *digits == '-' || ms > 60000)
-            goto bad;
-    } else if (v[pos]) {
-        goto bad;
-    }
-    if (nth == 0)
-        goto bad;
-    if (strcmp(kind, "eio") == 0)
-        e->fault_kind = TIO_FAULT_EIO;
-    else if (strcmp(kind, "enospc") == 0)
-        e->fault_kind = TIO_FAULT_ENOSPC;
-    else if (strcmp(kind, "short") == 0)
-        e->fault_kind = TIO_FAULT_SHORT;
-    else if (strcmp(kind, "delay") == 0)
-        e->fault_kind = TIO_FAULT_DELAY;
-    else
-        goto bad;
-    if (strcmp(op, "read") == 0)
-        e->fault_op = TIO_OP_READ;
-    else if (strcmp(op, "write") == 0)
-        e->fault_op = TIO_OP_WRITE;
-    else
-        goto bad;
-    e->fault_nth = nth;
-    e->fault_delay_ms = (uint32_t)ms;
-    tio_log(TIO_LOG_WARN, "engine: fault injection armed: %s", v);
-    return 0;
-bad:
-    e->fault_kind = TIO_FAULT_NONE;
-    return tio_fail(-EINVAL, "TIO_ENGINE_FAULT='%s': expected <eio|enospc|short|delay>:"
-                    "<read|write>:<N> with N >= 1 (delay: optionally :<MS> up to 60000)", v);
-}
-
-/* TIO_ENGINE_PROBE_FAIL="<odirect|io_uring|memlock>[,...]". */
-static int parse_probe_fail_env(tio_engine *e)
-{
-    const char *v = getenv("TIO_ENGINE_PROBE_FAIL");
-    if (!v || !v[0])
-        return 0;
-    for (const char *p = v; *p;) {
-        size_t n = strcspn(p, ",");
-        if (n == 7 && !strncmp(p, "odirect", n))
-            e->probe_fail |= TIO_PROBE_FAIL_ODIRECT;
-        else if (n == 8 && !strncmp(p, "io_uring", n))
-            e->probe_fail |= TIO_PROBE_FAIL_URING;
-        else if (n == 7 && !strncmp(p, "memlock", n))
-            e->probe_fail |= TIO_PROBE_FAIL_MEMLOCK;
-        else
-            return tio_fail(-EINVAL, "TIO_ENGINE_PROBE_FAIL='%s': expected a comma-separated list "
-                            "of odirect, io_uring, memlock", v);
-        p += n;
-        if (*p == ',' && *++p == '\0')
-            return tio_fail(-EINVAL, "TIO_ENGINE_PROBE_FAIL='%s': trailing comma", v);
-    }
-    tio_log(TIO_LOG_WARN, "engine: probe refusals forced: %s", v);
-    return 0;
-}
-
-/* ---- directories and backing files ------------------------------------ */
-
-static int check_dir(const char *path)
-{
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        int err = errno;
-        if (err == ENOENT)
-            return tio_fail(-ENOENT, "ssd directory '%s' does not exist", path);
-        if (err == ENOTDIR)
-            return tio_fail(-ENOTDIR, "ssd directory '%s': a component of the path is not a "
-                            "directory", path);
-        return tio_fail(-err, "ssd directory '%s': %s", path, strerror(err));
-    }
-    if (!S_ISDIR(st.st_mode))
-        return tio_fail(-ENOTDIR, "ssd directory '%s' is not a directory", path);
-    if (access(path, W_OK | X_OK) != 0)
-        return tio_fail(-EACCES, "ssd directory '%s' is not writable", path);
-    return 0;
-}
-
-/* Write a 4 KiB pattern at offset 0 and read it back through `fd`.
- * Returns 0 or -errno. */
-static int probe_pio(int fd)
-{
-    void *buf;
-    if (posix_memalign(&buf, TIO_EXTENT_ALIGN, 2 * TIO_EXTENT_ALIGN) != 0)
-        return -ENOMEM;
-    unsigned char *w = buf, *r = w + TIO_EXTENT_ALIGN;
-    for (uint32_t i = 0; i < TIO_EXTENT_ALIGN; i++)
-        w[i] = (unsigned char)(i * 7u + 1u);
-    int rc = 0;
-    ssize_t n = pwrite(fd, w, TIO_EXTENT_ALIGN, 0);
-    if (n != (ssize_t)TIO_EXTENT_ALIGN)
-        rc = n < 0 ? -errno : -EIO;
-    if (!rc) {
-        n = pread(fd, r, TIO_EXTENT_ALIGN, 0);
-        if (n != (ssize_t)TIO_EXTENT_ALIGN)
-            rc = n < 0 ? -errno : -EIO;
-        else if (memcmp(w, r, TIO_EXTENT_ALIGN) != 0)
-            rc = -EIO;
-    }
-    free(buf);
-    return rc;
-}
-
-/* Create dir->file (a fresh unique name), preallocate it and probe it with
- * a real aligned write and read, falling back to buffered I/O when the file
- * system refuses O_DIRECT. */
-static int open_backing_file(tio_engine *e, tio_dir *d, unsigned seq)
-{
-    size_t len = strlen(d->path) + 64;
-    d->file = malloc(len);
-    if (!d->file)
-        return tio_fail(-ENOMEM, "engine: out of memory");
-    snprintf(d->file, len, "%s/teraio.%ld.%u.%u.data", d->path, (long)getpid(), seq, d->index);
-    int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-    bool refuse_direct = e->probe_fail & TIO_PROBE_FAIL_ODIRECT;
-    d->fd = refuse_direct ? -1 : open(d->file, flags | O_DIRECT, 0600);
-    d->direct = true;
-    if (refuse_direct)
-        errno = EINVAL;
-    if (d->fd < 0 && errno == EINVAL) {
-        d->fd = open(d->file, flags, 0600);
-        d->direct = false;
-    }
-    if (d->fd < 0) {
-        int err = errno;
-        return tio_fail(-err, "cannot create backing file '%s': %s", d->file, strerror(err));
-    }
-    d->created = true;
-    if (fallocate(d->fd, 0, 0, (off_t)d->file_bytes) != 0) {
-        int err = errno;
-        if (err == EOPNOTSUPP) {
-            if (ftruncate(d->fd, (off_t)d->file_bytes) != 0)
-                err = errno;
-            else
-                err = 0;
-        }
-        if (err)
-            return tio_fail(-err, "cannot preallocate %llu bytes for '%s': %s",
-                            (unsigned long long)d->file_bytes, d->file, strerror(err));
-    }
-    int rc = probe_pio(d->fd);
-    if (rc == -EINVAL && d->direct) {
-        close(d->fd);
-        d->fd = open(d->file, O_RDWR | O_CLOEXEC);
-        d->direct = false;
-        if (d->fd < 0) {
-            int err = errno;
-            return tio_fail(-err, "cannot reopen backing file '%s': %s", d->file, strerror(err));
-        }
-        rc = probe_pio(d->fd);
-    }
-    if (rc)
-        return tio_fail(rc, "probe write/read of 4096 bytes in '%s' failed: %s", d->file,
-                        tio_strerror(rc));
-    if (!d->direct) {
-        char text[300];
-        snprintf(text, sizeof text, "buffered I/O: O_DIRECT refused by %s", d->path);
-        append_reason(e, text);
-        tio_log(TIO_LOG_WARN, "engine: %s%s: data goes through the page cache (slower, uses "
-                "host memory)", text, refuse_direct ? " (forced by TIO_ENGINE_PROBE_FAIL)" : "");
-    }
-    return 0;
-}
+/* ---- buffers ----------------------------------------------------------- */
 
 /* Ask the kernel to back [addr, addr + bytes) with transparent huge pages:
  * MADV_HUGEPAGE for pages not there yet, MADV_COLLAPSE for those already
@@ -355,65 +179,89 @@ void tio_request_huge_pages(void *addr, uint64_t bytes)
                 (unsigned long long)(end - start), strerror(errno));
 }
 
+/* How many bounce buffers directory `d` gets: sized from the queue depth,
+ * the slab caps and what its share of the space can hold, so that memory
+ * follows the space and not the number of directories (issue 12: 64
+ * directories for a 1 MiB engine took 2.1 GB).  A directory that holds no
+ * stripe unit gets none. */
+static uint32_t bounce_count(const tio_engine *e, const tio_dir *d)
+{
+    uint64_t bb = e->bounce_bytes, n = e->opt.queue_depth;
+    if (n < 4)
+        n = 4;
+    if (n > e->opt.queue_depth)
+        n = e->opt.queue_depth;
+    if (n > TIO_BOUNCE_SLAB_BYTES / bb)
+        n = TIO_BOUNCE_SLAB_BYTES / bb;
+    if (n > TIO_BOUNCE_TOTAL_BYTES / (bb * e->opt.n_dirs))
+        n = TIO_BOUNCE_TOTAL_BYTES / (bb * e->opt.n_dirs);
+    uint64_t fits = (d->data_bytes + bb - 1) / bb;
+    if (n > fits)
+        n = fits;
+    return d->data_bytes ? (n ? (uint32_t)n : 1) : 0;
+}
+
 /* The directory's bounce slab and its free stack. */
 static int alloc_bounce_slab(tio_engine *e, tio_dir *d)
 {
+    uint32_t n = bounce_count(e, d);
+    if (n == 0)
+        return 0;
     void *p;
-    size_t bytes = (size_t)e->n_bounce * e->bounce_bytes;
+    size_t bytes = (size_t)n * e->bounce_bytes;
     size_t align = bytes >= TIO_HUGE_PAGE_BYTES ? TIO_HUGE_PAGE_BYTES : TIO_EXTENT_ALIGN;
     if (posix_memalign(&p, align, bytes) != 0)
-        return tio_fail(-ENOMEM, "engine: out of memory for %u bounce buffers of %u bytes",
-                        e->n_bounce, e->bounce_bytes);
+        return tio_fail(-ENOMEM, "engine: out of memory for %u bounce buffers of %u bytes", n,
+                        e->bounce_bytes);
     tio_request_huge_pages(p, bytes);
     d->slab = p;
-    d->bounce_free = malloc(e->n_bounce * sizeof *d->bounce_free);
+    d->bounce_free = malloc(n * sizeof *d->bounce_free);
     if (!d->bounce_free)
         return tio_fail(-ENOMEM, "engine: out of memory");
-    d->n_bounce = e->n_bounce;
-    for (uint32_t i = 0; i < e->n_bounce; i++)
-        d->bounce_free[i] = e->n_bounce - 1 - i;
-    d->n_bounce_free = e->n_bounce;
+    d->n_bounce = n;
+    for (uint32_t i = 0; i < n; i++)
+        d->bounce_free[i] = n - 1 - i;
+    d->n_bounce_free = n;
+    if (n > e->n_bounce)
+        e->n_bounce = n;
     return 0;
 }
 
 /* ---- create / destroy ------------------------------------------------- */
 
+/* Start the backend options ask for: io_uring when it works (AUTO) or
+ * only io_uring (IO_URING), else the psync pool, saying why. */
 static int start_backend(tio_engine *e, bool forced_by_env)
 {
     char why[384] = "";
     int rc;
-    switch (e->opt.backend) {
-    case TIO_BACKEND_IO_URING:
-        rc = tio_uring_start(e, why, sizeof why);
-        if (rc)
-            return tio_fail(-EPROTONOSUPPORT, "engine: io_uring backend refused: %s", why);
-        e->backend = TIO_BACKEND_IO_URING;
-        return 0;
-    case TIO_BACKEND_AUTO:
-        if (tio_uring_start(e, why, sizeof why) == 0) {
-            e->backend = TIO_BACKEND_IO_URING;
+    if (e->opt.backend != TIO_BACKEND_PSYNC) {
+        rc = tio_uring_ops.start(e, why, sizeof why);
+        if (rc == 0) {
+            e->ops = &tio_uring_ops;
+            e->backend = e->ops->id;
             return 0;
         }
-        break;
-    case TIO_BACKEND_PSYNC:
+        if (e->opt.backend == TIO_BACKEND_IO_URING)
+            return tio_fail(-EPROTONOSUPPORT, "engine: io_uring backend refused: %s", why);
+        tio_log(TIO_LOG_WARN, "engine: io_uring refused, using the psync thread pool: %s", why);
+    } else {
         snprintf(why, sizeof why, "%s", forced_by_env ? "forced by TIO_ENGINE_BACKEND"
                                                       : "requested in options");
-        break;
     }
     char fallback[512];
     snprintf(fallback, sizeof fallback, "psync: %s", why);
     char kept[sizeof e->reason];
     memcpy(kept, e->reason, sizeof kept);
     e->reason[0] = '\0';
-    append_reason(e, fallback);
+    tio_engine_append_reason(e, fallback);
     if (kept[0])
-        append_reason(e, kept);
-    if (e->opt.backend == TIO_BACKEND_AUTO)
-        tio_log(TIO_LOG_WARN, "engine: io_uring refused, using the psync thread pool: %s", why);
-    rc = tio_psync_start(e, why, sizeof why);
+        tio_engine_append_reason(e, kept);
+    rc = tio_psync_ops.start(e, why, sizeof why);
     if (rc)
         return tio_fail(rc, "engine: psync backend failed to start: %s", why);
-    e->backend = TIO_BACKEND_PSYNC;
+    e->ops = &tio_psync_ops;
+    e->backend = e->ops->id;
     return 0;
 }
 
@@ -421,11 +269,9 @@ static void free_engine(tio_engine *e)
 {
     for (uint32_t i = 0; i < e->n_dirs; i++) {
         tio_dir *d = &e->dirs[i];
-        if (d->fd >= 0)
-            close(d->fd);
-        if (d->created)
-            unlink(d->file);
+        tio_backing_file_close(d);
         free(d->file);
+        free(d->name);
         free(d->path);
         free(d->slab);
         free(d->bounce_free);
@@ -442,52 +288,57 @@ static void free_engine(tio_engine *e)
 
 int tio_engine_create(const tio_engine_options *opt, tio_engine **out)
 {
+    return tio_engine_create_test(opt, NULL, out);
+}
+
+int tio_engine_create_test(const tio_engine_options *opt, const tio_engine_test_options *test,
+                           tio_engine **out)
+{
     *out = NULL;
     tio_engine_options o;
+    tio_engine_test_options t;
     int rc = check_options(opt, &o);
-    if (rc)
+    if (rc || (rc = tio_engine_test_check(test, &t)) != 0)
         return rc;
     for (uint32_t i = 0; i < o.n_dirs; i++)
-        if ((rc = check_dir(o.dirs[i])) != 0)
+        if ((rc = tio_dir_check(o.dirs[i])) != 0)
             return rc;
 
     tio_engine *e = calloc(1, sizeof *e);
     if (!e)
         return tio_fail(-ENOMEM, "engine: out of memory");
+    atomic_init(&e->refs, 1);
     e->opt = o;
+    e->test = t;
     pthread_mutex_init(&e->done_mu, NULL);
     pthread_cond_init(&e->done_cv, NULL);
     e->bounce_bytes = o.request_bytes < o.stripe_bytes ? o.request_bytes : o.stripe_bytes;
-    uint32_t n_bounce = TIO_BOUNCE_SLAB_BYTES / e->bounce_bytes;
-    if (n_bounce < 4)
-        n_bounce = 4;
-    e->n_bounce = n_bounce < o.queue_depth ? n_bounce : o.queue_depth;
     e->opt.dirs = NULL; /* the caller's array need not outlive create */
 
     bool forced_by_env;
-    if ((rc = apply_backend_env(e, &forced_by_env)) != 0 || (rc = parse_fault_env(e)) != 0 ||
-        (rc = parse_probe_fail_env(e)) != 0)
+    if ((rc = apply_backend_env(e, &forced_by_env)) != 0)
         goto fail;
-    uint64_t capacity = (o.capacity_bytes + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1);
-    if ((rc = tio_extent_map_init(&e->map, capacity)) != 0)
+    uint64_t space = (o.space_bytes + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1);
+    if ((rc = tio_extent_map_init(&e->map, space)) != 0)
         goto fail;
 
-    /* Stripe unit u (of `units`) lives in directory u % n_dirs; every
-     * directory gets room for ceil(units / n_dirs) units. */
-    uint64_t units = (capacity + o.stripe_bytes - 1) / o.stripe_bytes;
-    uint64_t file_bytes = (units + o.n_dirs - 1) / o.n_dirs * o.stripe_bytes;
+    /* Stripe unit u (of `units`) lives in directory u % n_dirs at unit
+     * u / n_dirs of its file: directory i holds units i, i + n, ..., and a
+     * directory without any still gets a 4 KiB file for the probe. */
+    uint64_t units = (space + o.stripe_bytes - 1) / o.stripe_bytes;
     e->dirs = calloc(o.n_dirs, sizeof *e->dirs);
     if (!e->dirs) {
         rc = tio_fail(-ENOMEM, "engine: out of memory");
         goto fail;
     }
-    unsigned seq = atomic_fetch_add(&engine_seq, 1);
     for (uint32_t i = 0; i < o.n_dirs; i++) {
         tio_dir *d = &e->dirs[i];
         d->engine = e;
         d->index = i;
         d->fd = -1;
-        d->file_bytes = file_bytes;
+        d->dirfd = -1;
+        d->data_bytes = (units / o.n_dirs + (i < units % o.n_dirs)) * o.stripe_bytes;
+        d->file_bytes = d->data_bytes ? d->data_bytes : TIO_EXTENT_ALIGN;
         pthread_mutex_init(&d->mu, NULL);
         pthread_cond_init(&d->cv, NULL);
         e->n_dirs = i + 1;
@@ -496,13 +347,13 @@ int tio_engine_create(const tio_engine_options *opt, tio_engine **out)
             rc = tio_fail(-ENOMEM, "engine: out of memory");
             goto fail;
         }
-        if ((rc = open_backing_file(e, d, seq)) != 0 || (rc = alloc_bounce_slab(e, d)) != 0)
+        if ((rc = tio_backing_file_open(e, d)) != 0 || (rc = alloc_bounce_slab(e, d)) != 0)
             goto fail;
     }
     if ((rc = start_backend(e, forced_by_env)) != 0)
         goto fail;
     tio_log(TIO_LOG_INFO, "engine: %u dir(s), %llu bytes, backend %s%s%s", e->n_dirs,
-            (unsigned long long)capacity, tio_backend_name(e->backend), e->reason[0] ? ": " : "",
+            (unsigned long long)space, tio_backend_name(e->backend), e->reason[0] ? ": " : "",
             e->reason);
     *out = e;
     return 0;
@@ -511,9 +362,16 @@ fail:
     return rc;
 }
 
+tio_engine *tio_engine_retain(tio_engine *engine)
+{
+    if (engine)
+        atomic_fetch_add(&engine->refs, 1);
+    return engine;
+}
+
 void tio_engine_destroy(tio_engine *engine)
 {
-    if (!engine)
+    if (!engine || atomic_fetch_sub(&engine->refs, 1) != 1)
         return;
     pthread_mutex_lock(&engine->done_mu);
     while (engine->n_unfinished > 0)
@@ -526,10 +384,7 @@ void tio_engine_destroy(tio_engine *engine)
         free(r);
         r = next;
     }
-    if (engine->backend == TIO_BACKEND_IO_URING)
-        tio_uring_stop(engine);
-    else
-        tio_psync_stop(engine);
+    engine->ops->stop(engine);
     free_engine(engine);
 }
 
@@ -564,10 +419,7 @@ static void bounce_put(tio_engine *e, tio_chunk *c)
     tio_dir *d = c->dir;
     pthread_mutex_lock(&d->mu);
     d->bounce_free[d->n_bounce_free++] = c->bounce_slot;
-    if (e->backend == TIO_BACKEND_IO_URING)
-        tio_uring_kick(d);
-    else
-        pthread_cond_signal(&d->cv);
+    e->ops->kick(d);
     pthread_mutex_unlock(&d->mu);
     c->bounce = NULL;
 }
@@ -592,16 +444,8 @@ int tio_chunk_prepare(tio_engine *engine, tio_chunk *c)
 
 int tio_chunk_account(tio_chunk *c, int64_t res, int *err)
 {
-    uint8_t fault = c->fault;
-    c->fault = TIO_FAULT_NONE;
-    if (fault == TIO_FAULT_EIO)
-        res = -EIO;
-    else if (fault == TIO_FAULT_ENOSPC)
-        res = -ENOSPC;
-    else if (fault == TIO_FAULT_SHORT && res > 0)
-        res = (res + 1) / 2;
-    else if (fault == TIO_FAULT_DELAY)
-        return TIO_CHUNK_RETRY; /* the delay is over: now do the transfer */
+    if (c->fault && tio_fault_apply(c, &res))
+        return TIO_CHUNK_RETRY;
 
     if (res == -EINTR || res == -EAGAIN) {
         if (++c->retries > TIO_CHUNK_MAX_RETRIES) {
@@ -649,50 +493,51 @@ static void publish(tio_engine *e, tio_req *r)
     pthread_cond_broadcast(&e->done_cv);
 }
 
-/* A read whose last chunk is in: compare the data's CRC32C with the one its
- * write left (off the locks; the buffer is the caller's until published). */
-static void verify_read(tio_req *r)
+/* Checksum on: the CRC32C of the chunk's bytes as they are on disk (the
+ * bounce buffer, or the caller's memory the transfer used).  A write keeps
+ * it for the extent; a read compares it with the one its write left and
+ * fails with TIO_ECORRUPT, naming the file and offset, when they differ.
+ * Runs on the backend's thread, off the locks, so checking spreads over the
+ * directories' threads.  Returns 0 or TIO_ECORRUPT with `msg` filled. */
+static int check_chunk(tio_chunk *c, char *msg, size_t len)
 {
-    uint32_t got = tio_crc32c(0, r->buf, r->bytes);
-    if (got == r->crc)
-        return;
-    r->result = TIO_ECORRUPT;
-    snprintf(r->msg, sizeof r->msg, "read of tag %llu: extent at offset %llu (%llu bytes): "
-             "CRC32C mismatch (written 0x%08x, read 0x%08x)", (unsigned long long)r->tag,
-             (unsigned long long)r->extent.offset, (unsigned long long)r->extent.bytes, r->crc,
-             got);
+    tio_req *r = c->req;
+    uint32_t got = tio_crc32c(0, c->bounce ? c->bounce : c->user_ptr, c->user_len);
+    if (r->track)
+        c->crc = got;
+    if (!r->verify || got == c->crc)
+        return 0;
+    snprintf(msg, len, "read from '%s' at offset %llu (%u bytes): CRC32C mismatch (written "
+             "0x%08x, read 0x%08x); tag %llu, extent at offset %llu (%llu bytes)",
+             c->dir->file, (unsigned long long)c->file_off, c->user_len, c->crc, got,
+             (unsigned long long)r->tag, (unsigned long long)r->extent.offset,
+             (unsigned long long)r->extent.bytes);
+    return TIO_ECORRUPT;
 }
 
 void tio_chunk_finish(tio_engine *e, tio_chunk *c, int err)
 {
-    if (!err && c->op == TIO_OP_READ && c->bounce)
-        memcpy(c->user_ptr, c->bounce, c->user_len);
-    if (c->bounce)
-        bounce_put(e, c);
-    char msg[sizeof c->req->msg];
+    tio_req *r = c->req;
+    char msg[sizeof r->msg];
     if (err)
         snprintf(msg, sizeof msg, "%s '%s' at offset %llu (%u bytes): %s",
                  c->op == TIO_OP_WRITE ? "write to" : "read from", c->dir->file,
                  (unsigned long long)(c->file_off + c->done), c->io_len - c->done,
                  tio_strerror(err));
-    tio_req *r = c->req;
+    else if (r->track || r->verify)
+        err = check_chunk(c, msg, sizeof msg);
+    if (!err && c->op == TIO_OP_READ && c->bounce)
+        memcpy(c->user_ptr, c->bounce, c->user_len);
+    if (c->bounce)
+        bounce_put(e, c);
     pthread_mutex_lock(&e->done_mu);
     if (err && r->result == 0) {
         r->result = err;
         memcpy(r->msg, msg, sizeof msg);
     }
-    bool last = --r->chunks_left == 0;
-    /* Decide under the lock: once published, r may be freed by its reaper. */
-    bool check = last && r->verify && r->result == 0;
-    if (last && !check)
-        publish(e, r);
+    if (--r->chunks_left == 0)
+        publish(e, r); /* from here on, r may be freed by its reaper */
     pthread_mutex_unlock(&e->done_mu);
-    if (check) {
-        verify_read(r);
-        pthread_mutex_lock(&e->done_mu);
-        publish(e, r);
-        pthread_mutex_unlock(&e->done_mu);
-    }
 }
 
 tio_chunk *tio_dir_pop(tio_dir *d)
@@ -732,11 +577,11 @@ static int check_request(const tio_engine *e, const tio_extent *x, const void *b
 {
     if (!x || (!buf && bytes))
         return tio_fail(-EINVAL, "engine: NULL extent or buffer");
-    if (x->offset % TIO_EXTENT_ALIGN || x->offset > e->map.capacity ||
-        x->bytes > e->map.capacity - x->offset)
+    if (x->offset % TIO_EXTENT_ALIGN || x->offset > e->map.space_bytes ||
+        x->bytes > e->map.space_bytes - x->offset)
         return tio_fail(-EINVAL, "engine: extent at offset %llu (%llu bytes) is outside the "
                         "%llu-byte space", (unsigned long long)x->offset,
-                        (unsigned long long)x->bytes, (unsigned long long)e->map.capacity);
+                        (unsigned long long)x->bytes, (unsigned long long)e->map.space_bytes);
     if (bytes > x->bytes)
         return tio_fail(-EINVAL, "engine: request of %llu bytes exceeds its %llu-byte extent",
                         (unsigned long long)bytes, (unsigned long long)x->bytes);
@@ -787,8 +632,7 @@ static tio_req *build_request(tio_engine *e, int op, const tio_extent *x, char *
         c->user_len = (uint32_t)len;
         c->io_len = (uint32_t)((len + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1));
         c->user_ptr = buf + pos;
-        if (e->fault_kind && e->fault_op == op && ++e->chunk_count[op] == e->fault_nth)
-            c->fault = e->fault_kind;
+        tio_fault_arm(e, c);
         pos += len;
     }
     return r;
@@ -817,12 +661,8 @@ static void enqueue_request(tio_engine *e, tio_req *r)
             d->tail[c->cls][c->op] = c;
             any = true;
         }
-        if (any) {
-            if (e->backend == TIO_BACKEND_IO_URING)
-                tio_uring_kick(d);
-            else
-                tio_psync_kick(d);
-        }
+        if (any)
+            e->ops->kick(d);
         pthread_mutex_unlock(&d->mu);
     }
 }
@@ -847,15 +687,19 @@ static int submit(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_
                             (unsigned long long)x->bytes);
     }
     tio_req *r = build_request(e, op, x, buf, bytes, tag, urgent, sync);
-    if (!r)
+    if (!r || (ue && op == TIO_OP_WRITE && tio_grow((void **)&ue->crcs, &ue->cap_crcs,
+                                                    r->n_chunks, sizeof *ue->crcs) != 0)) {
+        free(r);
         return tio_fail(-ENOMEM, "engine: out of memory queueing a %llu-byte request",
                         (unsigned long long)bytes);
+    }
     if (ue && op == TIO_OP_WRITE) {
-        r->crc = tio_crc32c(0, buf, bytes);
         r->track = true;
         ue->state = TIO_XS_WRITING;
-    } else if (ue && ue->state == TIO_XS_VALID && ue->crc_bytes == bytes) {
-        r->crc = ue->crc;
+    } else if (ue && ue->state == TIO_XS_VALID && ue->crc_bytes == bytes &&
+               ue->n_crcs == r->n_chunks) {
+        for (uint32_t i = 0; i < r->n_chunks; i++)
+            r->chunks[i].crc = ue->crcs[i];
         r->verify = true;
     }
     if (out)
@@ -880,8 +724,10 @@ int tio_engine_submit_read(tio_engine *engine, const tio_extent *extent, void *b
 
 /* ---- completions ------------------------------------------------------ */
 
-/* A reaped write, checksum on: record what the extent now holds (if it is
- * still allocated).  Caller's thread, like the allocator. */
+/* A reaped write, checksum on: record what the extent now holds, one CRC32C
+ * per chunk (if it is still allocated; when the table cannot grow, the
+ * extent counts as failed: no read of it passes unchecked).  Caller's
+ * thread, like the allocator. */
 static void track_write(tio_engine *e, const tio_req *r)
 {
     if (!r->track)
@@ -889,9 +735,15 @@ static void track_write(tio_engine *e, const tio_req *r)
     tio_used_extent *ue = tio_extent_map_find(&e->map, &r->extent);
     if (!ue)
         return;
-    ue->state = r->result ? TIO_XS_FAILED : TIO_XS_VALID;
-    ue->crc = r->crc;
+    ue->state = TIO_XS_FAILED;
+    if (r->result || tio_grow((void **)&ue->crcs, &ue->cap_crcs, r->n_chunks,
+                              sizeof *ue->crcs) != 0)
+        return;
+    for (uint32_t i = 0; i < r->n_chunks; i++)
+        ue->crcs[i] = r->chunks[i].crc;
+    ue->n_crcs = r->n_chunks;
     ue->crc_bytes = r->bytes;
+    ue->state = TIO_XS_VALID;
 }
 
 int tio_engine_reap(tio_engine *e, tio_completion *out, uint32_t max, uint32_t min_complete)

@@ -23,18 +23,14 @@
 #define TERAIO_ENGINE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "common/util.h"
+#include "engine/engine_test.h"
 #include "teraio/engine.h"
 
 enum { TIO_OP_READ = 0, TIO_OP_WRITE = 1 };
 enum { TIO_CLASS_URGENT = 0, TIO_CLASS_NORMAL = 1, TIO_N_CLASSES = 2 };
-
-/* Fault injection (TIO_ENGINE_FAULT): what happens to the chosen chunk. */
-enum { TIO_FAULT_NONE = 0, TIO_FAULT_EIO, TIO_FAULT_ENOSPC, TIO_FAULT_SHORT, TIO_FAULT_DELAY };
-
-/* Probe refusals forced by TIO_ENGINE_PROBE_FAIL (bit mask). */
-enum { TIO_PROBE_FAIL_ODIRECT = 1, TIO_PROBE_FAIL_URING = 2, TIO_PROBE_FAIL_MEMLOCK = 4 };
 
 /* Extent states kept by the allocator for checksums. */
 enum { TIO_XS_EMPTY = 0, TIO_XS_WRITING, TIO_XS_VALID, TIO_XS_FAILED };
@@ -57,7 +53,7 @@ typedef struct tio_chunk {
     tio_dir *dir;
     uint8_t op;             /* TIO_OP_READ / TIO_OP_WRITE */
     uint8_t cls;            /* TIO_CLASS_* */
-    uint8_t fault;          /* TIO_FAULT_*, consumed by the first attempt */
+    uint8_t fault;          /* TIO_FAULT_* (test hook), consumed by the first attempt */
     uint32_t bounce_slot;   /* index of `bounce` in its directory's slab */
     uint64_t file_off;      /* where the chunk starts in the backing file */
     uint32_t io_len;        /* bytes moved on disk (user_len rounded up to 4 KiB
@@ -65,6 +61,8 @@ typedef struct tio_chunk {
     uint32_t user_len;      /* bytes of the user buffer this chunk covers */
     uint32_t done;          /* bytes of io_len transferred so far */
     uint32_t retries;
+    uint32_t crc;           /* checksum on: a write's CRC32C of its bytes, set
+                               when it finishes; a read's expected one */
     char *user_ptr;         /* user buffer for this chunk */
     char *bounce;           /* aligned bounce buffer, or NULL */
     char *io_ptr;           /* user_ptr or bounce once prepared, else NULL */
@@ -78,9 +76,9 @@ struct tio_req {
     bool sync;              /* owned by tio_engine_read/write, not reaped */
     bool finished;
     uint8_t op;
-    bool verify;            /* checksum on: compare crc after the last chunk */
-    bool track;             /* checksum on: update the extent's state at reap */
-    uint32_t crc;           /* write: CRC32C of the data; read: the expected one */
+    bool verify;            /* checksum on: each chunk checks its crc */
+    bool track;             /* checksum on: chunks compute their crc, reap
+                               records them with the extent */
     char *buf;
     uint64_t bytes;
     tio_extent extent;
@@ -92,15 +90,33 @@ struct tio_req {
 
 struct tio_uring;           /* defined by backend_uring.c */
 
+/* What the front end needs from a backend; one table per backend
+ * (tio_uring_ops, tio_psync_ops), chosen at create. */
+typedef struct {
+    tio_backend id;
+    /* Start the backend's threads (and rings) for every directory.  On
+     * failure returns -errno with `why` describing it; nothing is left
+     * started. */
+    int (*start)(tio_engine *engine, char *why, size_t why_len);
+    /* Work may be available on `dir` (new chunks, or a bounce buffer came
+     * back); dir->mu held. */
+    void (*kick)(tio_dir *dir);
+    /* All requests finished: stop the threads (and close the rings). */
+    void (*stop)(tio_engine *engine);
+} tio_backend_ops;
+
 struct tio_dir {
     tio_engine *engine;
     uint32_t index;
     char *path;             /* the SSD directory */
-    char *file;             /* its backing file */
-    int fd;
+    char *file;             /* its backing file (path/name, for messages) */
+    char *name;             /* the backing file's name in dirfd */
+    int dirfd;              /* the SSD directory, open while the engine is */
+    int fd;                 /* the backing file, flock'ed while open */
     bool created;           /* we created `file`: unlink it on destroy */
     bool direct;            /* fd opened with O_DIRECT */
-    uint64_t file_bytes;
+    uint64_t data_bytes;    /* bytes of the space stored here (whole stripe units) */
+    uint64_t file_bytes;    /* data_bytes, at least 4 KiB (for the probe) */
 
     pthread_mutex_t mu;     /* guards everything below */
     pthread_cond_t cv;      /* psync workers wait here for chunks */
@@ -109,7 +125,8 @@ struct tio_dir {
     uint32_t inflight;      /* chunks in the io_uring ring */
     bool stop;
 
-    char *slab;             /* n_bounce bounce buffers of engine->bounce_bytes */
+    char *slab;             /* n_bounce bounce buffers of engine->bounce_bytes
+                               (none in a directory that holds no data) */
     uint32_t n_bounce;
     uint32_t *bounce_free;  /* stack of free slab indices */
     uint32_t n_bounce_free;
@@ -119,17 +136,20 @@ struct tio_dir {
     uint32_t n_workers;
 };
 
-/* An allocated extent and, for checksums, what was last written to it. */
+/* An allocated extent and, for checksums, what was last written to it: the
+ * CRC32C of each chunk of that write.  A read of the same length is cut into
+ * the same chunks, so each chunk checks its own bytes. */
 typedef struct {
     tio_extent x;
-    uint64_t crc_bytes;     /* length the crc covers */
-    uint32_t crc;
+    uint64_t crc_bytes;     /* length of the write the crcs cover */
+    uint32_t *crcs;         /* [n_crcs] (malloc'ed, cap_crcs allocated) */
+    uint32_t n_crcs, cap_crcs;
     uint8_t state;          /* TIO_XS_* */
 } tio_used_extent;
 
-/* Sorted free list and sorted list of allocated extents over [0, capacity). */
+/* Sorted free list and sorted list of allocated extents over [0, space_bytes). */
 typedef struct {
-    uint64_t capacity;
+    uint64_t space_bytes;
     tio_extent *free;
     uint32_t n_free, cap_free;
     tio_used_extent *used;
@@ -146,22 +166,22 @@ typedef struct {
 } tio_region;
 
 struct tio_engine {
+    atomic_uint refs;           /* tio_engine_retain / destroy */
     tio_engine_options opt;
     tio_backend backend;
+    const tio_backend_ops *ops; /* the backend in use */
     char reason[512];
     tio_dir *dirs;
     uint32_t n_dirs;
     tio_extent_map map;
     uint32_t bounce_bytes;  /* size of each bounce buffer */
-    uint32_t n_bounce;      /* bounce buffers per directory */
+    uint32_t n_bounce;      /* the most bounce buffers of any directory: the
+                               first ring slots; callers' regions follow */
 
-    /* Fault injection, parsed from TIO_ENGINE_FAULT at create. */
-    uint8_t fault_kind;
-    uint8_t fault_op;
-    uint64_t fault_nth;
-    uint32_t fault_delay_ms;
-    uint64_t chunk_count[2]; /* chunks created per op (caller thread only) */
-    uint32_t probe_fail;     /* TIO_PROBE_FAIL_* from TIO_ENGINE_PROBE_FAIL */
+    /* Test hooks (engine_test.h), all zero outside tests. */
+    tio_engine_test_options test;
+    uint64_t chunk_count[2]; /* chunks created per op, for test.fault_nth
+                                (caller thread only) */
 
     /* io_uring registration.  `regions` is written by the caller's thread
      * with every directory's mutex held and read under any one of them. */
@@ -181,7 +201,7 @@ struct tio_engine {
 };
 
 /* extent_map.c */
-int tio_extent_map_init(tio_extent_map *map, uint64_t capacity);
+int tio_extent_map_init(tio_extent_map *map, uint64_t space_bytes);
 void tio_extent_map_fini(tio_extent_map *map);
 int tio_extent_map_alloc(tio_extent_map *map, uint64_t bytes, tio_extent *out);
 int tio_extent_map_free(tio_extent_map *map, const tio_extent *extent);
@@ -214,16 +234,41 @@ tio_chunk *tio_dir_pop(tio_dir *dir);
 /* Push a chunk back to the front of its op's urgent queue; dir->mu held. */
 void tio_dir_push_front(tio_dir *dir, tio_chunk *chunk);
 
-/* backend_uring.c: probe and start one ring + completion thread per dir,
- * registering the backing file and the bounce slab (a refused registration
- * only turns fixed files/buffers off and appends the reason).  On failure
- * returns -errno with `why` describing it; nothing is left started. */
-int tio_uring_start(tio_engine *engine, char *why, size_t why_len);
+/* backend_uring.c: one ring + completion thread per dir; start probes each
+ * ring and registers the backing file and the bounce slab (a refused
+ * registration only turns fixed files/buffers off and appends the reason).
+ * Built without liburing, start always refuses. */
+extern const tio_backend_ops tio_uring_ops;
 /* Register / clear slots [slot, slot + n) of every ring; `iov` NULL clears.
  * Returns 0 or -errno (the memlock message is the caller's). */
 struct iovec;
 int tio_uring_update_slots(tio_engine *engine, uint32_t slot, const struct iovec *iov,
                            uint32_t n);
+
+/* backend_psync.c: a few pread/pwrite worker threads per dir. */
+extern const tio_backend_ops tio_psync_ops;
+
+/* backing_file.c: remove the directory's stale backing files (unlocked:
+ * their job is gone; logged), create dir->file under a fresh random name,
+ * flock it, preallocate it and probe it with a real aligned write and read,
+ * falling back to buffered I/O when the file system refuses O_DIRECT.
+ * Returns 0 or -errno (message names the file). */
+int tio_backing_file_open(tio_engine *engine, tio_dir *dir);
+/* Check that `path` is a writable directory: 0, or -ENOENT / -ENOTDIR /
+ * -EACCES / -errno naming it. */
+int tio_dir_check(const char *path);
+/* Delete it (if we created it) and close it. */
+void tio_backing_file_close(tio_dir *dir);
+
+/* fault.c: check test options (NULL: none) into *out.  Mark chunk `c` (just built, op `op`) if the test options pick
+ * it; caller thread.  And the fault's effect on one transfer attempt that
+ * moved `*res` bytes: true when the attempt is to be retried as is (an
+ * injected delay is over), else *res may be replaced by the injected
+ * outcome. */
+int tio_engine_test_check(const tio_engine_test_options *in, tio_engine_test_options *out);
+void tio_fault_arm(tio_engine *engine, tio_chunk *c);
+bool tio_fault_apply(tio_chunk *c, int64_t *res);
+
 /* engine.c: back the 2 MiB-aligned part of [addr, addr + bytes) with
  * transparent huge pages where the kernel can (MADV_HUGEPAGE, then
  * MADV_COLLAPSE for pages already present); best effort, no error. */
@@ -232,14 +277,5 @@ void tio_request_huge_pages(void *addr, uint64_t bytes);
 void tio_engine_append_reason(tio_engine *engine, const char *text);
 /* engine.c: the RLIMIT_MEMLOCK message for registering `bytes`. */
 void tio_memlock_message(char *out, size_t len, uint64_t bytes);
-/* New chunks are pending on `dir`; dir->mu held. */
-void tio_uring_kick(tio_dir *dir);
-/* All requests finished: stop the threads and close the rings. */
-void tio_uring_stop(tio_engine *engine);
-
-/* backend_psync.c */
-int tio_psync_start(tio_engine *engine, char *why, size_t why_len);
-void tio_psync_kick(tio_dir *dir);
-void tio_psync_stop(tio_engine *engine);
 
 #endif

@@ -16,22 +16,24 @@
 
 #include "engine/engine_internal.h"
 
-int tio_extent_map_init(tio_extent_map *map, uint64_t capacity)
+int tio_extent_map_init(tio_extent_map *map, uint64_t space_bytes)
 {
     memset(map, 0, sizeof *map);
-    map->capacity = capacity;
-    if (capacity == 0)
+    map->space_bytes = space_bytes;
+    if (space_bytes == 0)
         return 0;
     int rc = tio_grow((void **)&map->free, &map->cap_free, 1, sizeof *map->free);
     if (rc)
         return rc;
-    map->free[0] = (tio_extent){.offset = 0, .bytes = capacity};
+    map->free[0] = (tio_extent){.offset = 0, .bytes = space_bytes};
     map->n_free = 1;
     return 0;
 }
 
 void tio_extent_map_fini(tio_extent_map *map)
 {
+    for (uint32_t i = 0; i < map->n_used; i++)
+        free(map->used[i].crcs);
     free(map->free);
     free(map->used);
     memset(map, 0, sizeof *map);
@@ -109,8 +111,8 @@ int tio_extent_map_alloc(tio_extent_map *map, uint64_t bytes, tio_extent *out)
         *out = u.x;
         return 0;
     }
-    return tio_fail(-ENOSPC, "engine: no free extent of %llu bytes (capacity %llu bytes)",
-                    (unsigned long long)need, (unsigned long long)map->capacity);
+    return tio_fail(-ENOSPC, "engine: no free extent of %llu bytes (space %llu bytes)",
+                    (unsigned long long)need, (unsigned long long)map->space_bytes);
 }
 
 int tio_extent_map_free(tio_extent_map *map, const tio_extent *extent)
@@ -137,6 +139,7 @@ int tio_extent_map_free(tio_extent_map *map, const tio_extent *extent)
         if (rc)
             return rc;
     }
+    free(ue->crcs);
     remove_at(map->used, &map->n_used, u, sizeof *map->used);
     return 0;
 }
@@ -153,7 +156,7 @@ tio_used_extent *tio_extent_map_find(tio_extent_map *map, const tio_extent *exte
 void tio_extent_map_stats(const tio_extent_map *map, tio_engine_space *out)
 {
     memset(out, 0, sizeof *out);
-    out->capacity_bytes = map->capacity;
+    out->space_bytes = map->space_bytes;
     out->free_extents = map->n_free;
     out->used_extents = map->n_used;
     for (uint32_t i = 0; i < map->n_free; i++) {

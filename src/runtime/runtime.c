@@ -379,6 +379,18 @@ static int prefetch_deadline(tio_runtime *rt, const tio_migration *m)
     return wait_result(rt, m->tensor, &rt->stats.wait_ns);
 }
 
+/* An offload found no space: the tensor stays resident, counted, and the
+ * first refusal is logged as a warning (the rest at debug level). */
+static void refuse_offload(tio_runtime *rt, uint32_t id, const char *tier, const char *why)
+{
+    rt->stats.offloads_refused++;
+    tio_log(rt->stats.offloads_refused == 1 ? TIO_LOG_WARN : TIO_LOG_DEBUG,
+            "runtime: offload of tensor %u (%llu bytes) to %s refused: %s; it stays resident "
+            "(%llu refused so far, counted in offloads_refused)", id,
+            (unsigned long long)rt->tensors[id].bytes, tier, why,
+            (unsigned long long)rt->stats.offloads_refused);
+}
+
 /* Step 3: offload trigger — start writing a resident tensor's bytes to its
  * tier.  No space: the tensor stays resident (offloads_refused). */
 static int offload_trigger(tio_runtime *rt, const tio_migration *m)
@@ -394,7 +406,7 @@ static int offload_trigger(tio_runtime *rt, const tio_migration *m)
         return rc;
     if (m->tier == TIO_TIER_HOST) {
         if (!t->host_copy && !(t->host_copy = malloc(t->bytes))) {
-            rt->stats.offloads_refused++;
+            refuse_offload(rt, id, "host memory", "out of memory");
             return 0;
         }
         void *src;
@@ -414,7 +426,7 @@ static int offload_trigger(tio_runtime *rt, const tio_migration *m)
     if (!t->has_extent) {
         rc = tio_engine_alloc(rt->engine, t->bytes, &t->extent);
         if (rc == -ENOSPC) {
-            rt->stats.offloads_refused++;
+            refuse_offload(rt, id, "SSD", tio_last_error());
             return 0;
         }
         if (rc < 0)
@@ -797,6 +809,59 @@ static int validate_plan(const tio_plan *plan, const tio_trace *trace, const tio
     return 0;
 }
 
+/* The SSD space the plan needs at once, at least: a tensor keeps its
+ * 4 KiB-aligned extent from its first SSD offload on, a global tensor for
+ * good, an intermediate one at least until its last use in the trace.
+ * Returns 0 with the peak over the kernels in *out, or -ENOMEM. */
+static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uint64_t *out)
+{
+    uint32_t nt = trace->n_tensors, nk = trace->n_kernels;
+    uint32_t *first = malloc(((size_t)nt + 1) * sizeof *first);
+    uint32_t *last = calloc((size_t)nt + 1, sizeof *last);
+    int64_t *delta = calloc((size_t)nk + 1, sizeof *delta);
+    if (!first || !last || !delta) {
+        free(first);
+        free(last);
+        free(delta);
+        return tio_fail(-ENOMEM, "runtime: out of memory checking the plan's SSD space");
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        first[t] = UINT32_MAX;
+    for (uint32_t i = 0; i < plan->n_migrations; i++) {
+        const tio_migration *m = &plan->migrations[i];
+        if (m->kind == TIO_MIGRATION_OFFLOAD && m->tier == TIO_TIER_SSD &&
+            m->trigger_kernel < first[m->tensor])
+            first[m->tensor] = m->trigger_kernel;
+    }
+    for (uint32_t k = 0; k < nk; k++)
+        for (uint32_t a = 0; a < trace->kernels[k].n_accesses; a++)
+            last[trace->accesses[trace->kernels[k].first_access + a].tensor] = k;
+    uint64_t held = 0, peak = 0;
+    for (uint32_t t = 0; t < nt; t++) {
+        if (first[t] == UINT32_MAX)
+            continue;
+        uint64_t bytes = (trace->tensors[t].bytes + TIO_EXTENT_ALIGN - 1) &
+                         ~(uint64_t)(TIO_EXTENT_ALIGN - 1);
+        if (trace->tensors[t].global) {
+            held += bytes;
+            continue;
+        }
+        delta[first[t]] += (int64_t)bytes;
+        delta[(last[t] > first[t] ? last[t] : first[t]) + 1] -= (int64_t)bytes;
+    }
+    int64_t now = 0;
+    for (uint32_t k = 0; k < nk; k++) {
+        now += delta[k];
+        if ((uint64_t)now > peak)
+            peak = (uint64_t)now;
+    }
+    free(first);
+    free(last);
+    free(delta);
+    *out = held + peak;
+    return 0;
+}
+
 /* Which bucket a migration goes to for its trigger (or deadline). */
 static int bucket_of(const tio_migration *m, bool deadline)
 {
@@ -856,12 +921,26 @@ int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine 
     int rc = validate_plan(plan, trace, engine);
     if (rc < 0)
         return rc;
+    uint64_t ssd_bytes = 0;
+    if (engine && (rc = plan_ssd_peak_bytes(plan, trace, &ssd_bytes)) < 0)
+        return rc;
+    if (ssd_bytes) {
+        tio_engine_space sp;
+        tio_engine_space_stats(engine, &sp);
+        if (ssd_bytes > sp.free_bytes)
+            return tio_fail(-ENOSPC, "runtime: the plan keeps up to %llu bytes on SSD at once, "
+                            "the engine has %llu of its %llu bytes free (create it with "
+                            "space_bytes >= %llu)", (unsigned long long)ssd_bytes,
+                            (unsigned long long)sp.free_bytes,
+                            (unsigned long long)sp.space_bytes,
+                            (unsigned long long)(ssd_bytes + sp.space_bytes - sp.free_bytes));
+    }
     tio_runtime *rt = calloc(1, sizeof *rt);
     if (!rt)
         return tio_fail(-ENOMEM, "runtime: out of memory");
     rt->plan = plan;
     rt->trace = trace;
-    rt->engine = engine;
+    rt->engine = tio_engine_retain(engine); /* dropped by tio_runtime_destroy */
     rt->cb = *cb;
     rt->tensors = calloc(trace->n_tensors ? trace->n_tensors : 1, sizeof *rt->tensors);
     if (!rt->tensors) {
@@ -899,5 +978,6 @@ void tio_runtime_destroy(tio_runtime *rt)
         free(rt->bucket_start[b]);
         free(rt->bucket_mig[b]);
     }
+    tio_engine_destroy(rt->engine);
     free(rt);
 }

@@ -6,8 +6,8 @@
  * request boundaries), the exact placement of bytes in the backing files
  * given by the striping formula, exact extent offsets from the allocator,
  * exact error codes and messages.  Data-path tests run once per backend
- * (io_uring, psync).  Faults are injected through TIO_ENGINE_FAULT, probe
- * refusals through TIO_ENGINE_PROBE_FAIL, corruption by writing into a
+ * (io_uring, psync).  Faults and probe refusals are injected through the
+ * engine's test hooks (engine/engine_test.h), corruption by writing into a
  * backing file behind the engine's back.
  * Temporary directories live under $TIO_TEST_TMPDIR (default /tmp).
  */
@@ -24,7 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <time.h>
 
@@ -36,6 +39,21 @@
 
 static char g_root[PATH_MAX], g_d0[PATH_MAX + 8], g_d1[PATH_MAX + 8];
 static tio_backend g_uring = TIO_BACKEND_IO_URING, g_psync = TIO_BACKEND_PSYNC;
+/* Test hooks for the engines the helpers below create; zero: none. */
+static tio_engine_test_options g_hooks;
+/* make_engine turns checksums off (on by default) while this is set. */
+static bool g_checksum_off;
+
+/* Arm a fault ("eio:write:2", ...) for the next engines; NULL disarms it. */
+static void set_fault(const char *spec)
+{
+    uint32_t probe_fail = g_hooks.probe_fail;
+    if (spec)
+        assert_int_equal(tio_engine_test_options_parse(spec, &g_hooks), 0);
+    else
+        memset(&g_hooks, 0, sizeof g_hooks);
+    g_hooks.probe_fail = probe_fail;
+}
 
 static void mkdir_p(const char *path)
 {
@@ -94,7 +112,7 @@ static tio_engine *make_engine(tio_backend backend, uint32_t n_dirs, uint64_t ca
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = n_dirs;
-    opt.capacity_bytes = capacity;
+    opt.space_bytes = capacity;
     if (stripe)
         opt.stripe_bytes = stripe;
     if (request)
@@ -102,8 +120,9 @@ static tio_engine *make_engine(tio_backend backend, uint32_t n_dirs, uint64_t ca
     if (queue_depth)
         opt.queue_depth = queue_depth;
     opt.backend = backend;
+    opt.checksum = !g_checksum_off;
     tio_engine *e = NULL;
-    int rc = tio_engine_create(&opt, &e);
+    int rc = tio_engine_create_test(&opt, &g_hooks, &e);
     if (rc == -EPROTONOSUPPORT && backend == TIO_BACKEND_IO_URING) {
         print_message("io_uring refused here, test skipped: %s\n", tio_last_error());
         skip();
@@ -122,9 +141,9 @@ static int create_in(const char *dir, tio_backend backend, tio_engine **e)
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = 1;
-    opt.capacity_bytes = MIB;
+    opt.space_bytes = MIB;
     opt.backend = backend;
-    return tio_engine_create(&opt, e);
+    return tio_engine_create_test(&opt, &g_hooks, e);
 }
 
 /* A buffer of n bytes with a guard byte before and after; offset 0 or 1
@@ -394,9 +413,9 @@ static void test_destroy_with_requests_in_flight(void **state)
 
 static tio_engine *make_faulty(tio_backend backend, const char *fault)
 {
-    setenv("TIO_ENGINE_FAULT", fault, 1);
+    set_fault(fault);
     tio_engine *e = make_engine(backend, 1, 8 * MIB, 0, 0, 0);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     return e;
 }
 
@@ -498,18 +517,42 @@ static void test_injected_short(void **state)
     }
 }
 
+/* Test hooks out of range are refused, as spec strings and as values. */
 static void test_bad_fault_spec(void **state)
 {
+    tio_engine_test_options t;
+    static const char *const bad[] = {"eio:write:0", "melt:write:1", "delay:read:1:",
+                                      "delay:read:1:x", "eio:read:1:5", "delay:read:1:60001",
+                                      "short:read:2x", "eio:append:1", NULL};
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(tio_engine_test_options_parse(bad[i], &t), -EINVAL);
+        assert_int_equal(t.fault, TIO_FAULT_NONE);
+    }
+    assert_string_equal(tio_last_error(), "fault '': expected <eio|enospc|short|delay>:"
+                        "<read|write>:<N> with N >= 1 (delay: optionally :<MS> from 1 to 60000)");
+    assert_int_equal(tio_engine_test_options_parse("delay:read:7:250", &t), 0);
+    assert_int_equal(t.fault, TIO_FAULT_DELAY);
+    assert_int_equal(t.fault_op, TIO_OP_READ);
+    assert_int_equal(t.fault_nth, 7);
+    assert_int_equal(t.fault_delay_ms, 250);
+
     tio_engine *e = NULL;
-    setenv("TIO_ENGINE_FAULT", "eio:write:0", 1);
-    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), -EINVAL);
-    setenv("TIO_ENGINE_FAULT", "melt:write:1", 1);
-    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), -EINVAL);
-    assert_string_equal(tio_last_error(), "TIO_ENGINE_FAULT='melt:write:1': expected "
-                        "<eio|enospc|short|delay>:<read|write>:<N> with N >= 1 (delay: "
-                        "optionally :<MS> up to 60000)");
-    unsetenv("TIO_ENGINE_FAULT");
-    assert_null(e);
+    const tio_engine_test_options wrong[] = {
+        {.fault = TIO_FAULT_EIO, .fault_op = TIO_OP_WRITE, .fault_nth = 0},
+        {.fault = TIO_FAULT_DELAY + 1, .fault_op = TIO_OP_WRITE, .fault_nth = 1},
+        {.fault = TIO_FAULT_EIO, .fault_op = 2, .fault_nth = 1},
+        {.fault = TIO_FAULT_EIO, .fault_op = TIO_OP_READ, .fault_nth = 1, .fault_delay_ms = 5},
+        {.fault = TIO_FAULT_DELAY, .fault_op = TIO_OP_READ, .fault_nth = 1,
+         .fault_delay_ms = 60001},
+        {.probe_fail = 8},
+    };
+    for (int i = 0; i < 6; i++) {
+        g_hooks = wrong[i];
+        assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &e), -EINVAL);
+        assert_non_null(strstr(tio_last_error(), "engine test options: "));
+        assert_null(e);
+    }
+    memset(&g_hooks, 0, sizeof g_hooks);
 }
 
 /* ---- allocator -------------------------------------------------------- */
@@ -602,7 +645,7 @@ static void test_dir_errors(void **state)
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = 2;
-    opt.capacity_bytes = MIB;
+    opt.space_bytes = MIB;
     assert_int_equal(tio_engine_create(&opt, &e), -ENOENT);
     assert_int_equal(rmdir(g_d0), 0);
     assert_int_equal(mkdir(g_d0, 0755), 0);
@@ -612,7 +655,7 @@ static void test_dir_errors(void **state)
     opt.stripe_bytes = 1000;
     assert_int_equal(tio_engine_create(&opt, &e), -EINVAL);
     opt.stripe_bytes = 0;
-    opt.capacity_bytes = 0;
+    opt.space_bytes = 0;
     assert_int_equal(tio_engine_create(&opt, &e), -EINVAL);
 }
 
@@ -636,6 +679,160 @@ static void test_backing_files_lifecycle(void **state)
     assert_int_equal(stat(pb, &st), 0);
     tio_engine_destroy(b);
     assert_int_equal(stat(pb, &st), -1);
+}
+
+static void roundtrip_70000(tio_engine *e);
+
+/* The number of teraio backing files in `dir`. */
+static int count_backing_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += strncmp(de->d_name, "teraio.", 7) == 0;
+    closedir(d);
+    return n;
+}
+
+/* Issue 12, item 12: engine memory grew with the number of directories, not
+ * with the space (a 32 MiB bounce slab each: 64 directories for a 1 MiB
+ * engine took 2.1 GB; 1000 were OOM-killed and left 1000 files).  Bounce
+ * buffers now follow each directory's share of the space and the queue
+ * depth, under caps; more than TIO_ENGINE_MAX_DIRS directories are refused;
+ * and a create that fails half-way leaves no file behind. */
+static void test_engine_memory_grows_with_dirs(void **state)
+{
+    enum { N = TIO_ENGINE_MAX_DIRS + 1 };
+    static char paths[N][PATH_MAX + 16];
+    const char *dirs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/many%02d", g_root, i);
+        assert_int_equal(mkdir(paths[i], 0755), 0);
+        dirs[i] = paths[i];
+    }
+    tio_engine_options opt;
+    tio_engine_options_default(&opt);
+    opt.dirs = dirs;
+    opt.n_dirs = N;
+    opt.space_bytes = MIB;
+    tio_engine *e = NULL;
+    assert_int_equal(tio_engine_create(&opt, &e), -EINVAL);
+    assert_string_equal(tio_last_error(), "engine: 65 ssd directories, at most 64");
+
+    /* 64 directories, 1 MiB: one stripe unit, one bounce buffer in all. */
+    opt.n_dirs = TIO_ENGINE_MAX_DIRS;
+    assert_int_equal(tio_engine_create(&opt, &e), 0);
+    uint64_t slab = 0;
+    for (uint32_t i = 0; i < e->n_dirs; i++)
+        slab += (uint64_t)e->dirs[i].n_bounce * e->bounce_bytes;
+    assert_int_equal(slab, MIB);
+    assert_int_equal(e->dirs[0].n_bounce, 1);
+    assert_int_equal(e->dirs[1].n_bounce, 0);
+    roundtrip_70000(e);
+    tio_engine_destroy(e);
+
+    /* 64 directories, 512 MiB (8 MiB each): 4 buffers each (256 MiB in all,
+     * the cap);
+     * 2 directories, 64 MiB: queue_depth (32) each, as before. */
+    opt.space_bytes = 512 * MIB;
+    assert_int_equal(tio_engine_create(&opt, &e), 0);
+    assert_int_equal(e->dirs[63].n_bounce, 4);
+    tio_engine_destroy(e);
+    opt.n_dirs = 2;
+    opt.space_bytes = 64 * MIB;
+    assert_int_equal(tio_engine_create(&opt, &e), 0);
+    assert_int_equal(e->dirs[0].n_bounce, 32);
+    assert_int_equal(e->dirs[1].n_bounce, 32);
+    tio_engine_destroy(e);
+
+    /* Out of file descriptors half-way through 16 directories: -EMFILE, and
+     * not one backing file stays. */
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int probe = open("/dev/null", O_RDONLY);
+    assert_true(probe >= 0);
+    close(probe);
+    low = old;
+    low.rlim_cur = (rlim_t)probe + 12;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    opt.n_dirs = 16;
+    opt.space_bytes = 16 * MIB;
+    int rc = tio_engine_create(&opt, &e);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(rc, -EMFILE);
+    assert_null(e);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(count_backing_files(paths[i]), 0);
+        assert_int_equal(rmdir(paths[i]), 0);
+    }
+}
+
+static int g_removed_logged;
+static char g_removed_line[PATH_MAX + 200];
+
+static void removed_log(void *ctx, int level, const char *msg)
+{
+    if (level == TIO_LOG_WARN && strstr(msg, "removed stale backing file")) {
+        g_removed_logged++;
+        snprintf(g_removed_line, sizeof g_removed_line, "%s", msg);
+    }
+}
+
+/* Issue 12, item 13: a killed job's backing files were never removed, and
+ * one with a predictable name (pid, counter) blocked a restart that got the
+ * same pid ("File exists"; pid 1 in a container).  Each backing file is now
+ * flock'ed while its engine lives; a new engine removes the ones whose lock
+ * nobody holds and logs each; live engines' files and other users' files
+ * stay. */
+static void test_killed_job_backing_files_removed(void **state)
+{
+    /* A job killed with its engine open. */
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        tio_engine *e = NULL;
+        _exit(create_in(g_d0, TIO_BACKEND_PSYNC, &e) == 0 ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(count_backing_files(g_d0), 1);
+    /* Names the old scheme would give this process's engines, left unlocked. */
+    char planted[PATH_MAX + 64], theirs[PATH_MAX + 64];
+    for (int seq = 0; seq < 200; seq++) {
+        snprintf(planted, sizeof planted, "%s/teraio.%ld.%d.0.data", g_d0, (long)getpid(), seq);
+        int fd = open(planted, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        assert_true(fd >= 0);
+        close(fd);
+    }
+    snprintf(theirs, sizeof theirs, "%s/teraio.1.ab.0.data", g_d0);
+    int fd = open(theirs, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    bool as_root = geteuid() == 0;
+    if (as_root)
+        assert_int_equal(chown(theirs, 65534, 65534), 0); /* another user's */
+    tio_engine *live = NULL;
+    tio_set_log(removed_log, NULL, TIO_LOG_DEBUG);
+    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &live), 0);
+    assert_int_equal(g_removed_logged, as_root ? 201 : 202);
+    assert_non_null(strstr(g_removed_line, "no process holds its lock"));
+    assert_int_equal(count_backing_files(g_d0), as_root ? 2 : 1);
+
+    /* A second engine in the same directory leaves the live one alone. */
+    g_removed_logged = 0;
+    tio_engine *second = NULL;
+    assert_int_equal(create_in(g_d0, TIO_BACKEND_PSYNC, &second), 0);
+    tio_set_log(NULL, NULL, TIO_LOG_INFO);
+    assert_int_equal(g_removed_logged, 0);
+    struct stat st;
+    assert_int_equal(stat(tio_engine_backing_path(live, 0), &st), 0);
+    roundtrip_70000(live);
+    tio_engine_destroy(second);
+    tio_engine_destroy(live);
+    assert_int_equal(count_backing_files(g_d0), as_root ? 1 : 0);
+    unlink(theirs);
 }
 
 static bool has_prefix(const char *s, const char *prefix)
@@ -725,8 +922,12 @@ static void fm_read_all(tio_engine *e, tio_extent *x, buf_t *dst, int *result)
 {
     for (int i = 0; i < FM_N; i++) {
         memset(dst[i].p, 0x55, fm_sizes[i]);
-        assert_int_equal(tio_engine_submit_read(e, &x[i], dst[i].p, fm_sizes[i], (uint64_t)i,
-                                                false), 0);
+        int rc = tio_engine_submit_read(e, &x[i], dst[i].p, fm_sizes[i], (uint64_t)i, false);
+        if (rc == TIO_ECORRUPT) { /* its last write failed */
+            result[i] = rc;
+            continue;
+        }
+        assert_int_equal(rc, 0);
         tio_completion c;
         assert_int_equal(tio_engine_reap(e, &c, 1, 1), 1);
         assert_int_equal(c.tag, (uint64_t)i);
@@ -735,8 +936,10 @@ static void fm_read_all(tio_engine *e, tio_extent *x, buf_t *dst, int *result)
 }
 
 /* For each kind and direction: the fault hits the 3rd chunk of extent 3;
- * that request alone gets the expected result, every other extent reads
- * back exactly as written, and afterwards the engine serves extent 3 too. */
+ * that request alone gets the expected result (and after a failed write,
+ * reading it is TIO_ECORRUPT: it holds no valid data), every other extent
+ * reads back exactly as written, and afterwards the engine serves extent 3
+ * too. */
 static void test_fault_matrix(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
@@ -756,9 +959,9 @@ static void test_fault_matrix(void **state)
             char spec[64];
             snprintf(spec, sizeof spec, "%s:%s:%llu%s", kinds[k], op ? "read" : "write",
                      (unsigned long long)before + 3, k == 3 ? ":30" : "");
-            setenv("TIO_ENGINE_FAULT", spec, 1);
+            set_fault(spec);
             tio_engine *e = make_engine(backend, 2, 2 * MIB, 64 * KIB, 64 * KIB, 0);
-            unsetenv("TIO_ENGINE_FAULT");
+            set_fault(NULL);
             tio_extent x[FM_N];
             buf_t src[FM_N], dst[FM_N];
             for (int i = 0; i < FM_N; i++) {
@@ -775,7 +978,7 @@ static void test_fault_matrix(void **state)
             uint64_t elapsed_ms = (tio_now_ns() - t0) / 1000000u;
             for (int i = 0; i < FM_N; i++) {
                 int want_w = op == 0 && i == FM_VICTIM ? expect[k] : 0;
-                int want_r = op == 1 && i == FM_VICTIM ? expect[k] : 0;
+                int want_r = i != FM_VICTIM || !expect[k] ? 0 : op == 1 ? expect[k] : TIO_ECORRUPT;
                 if (wres[i] != want_w || rres[i] != want_r)
                     fail_msg("%s, extent %d: write %d (want %d), read %d (want %d)", spec, i,
                              wres[i], want_w, rres[i], want_r);
@@ -806,9 +1009,9 @@ static void test_fault_matrix(void **state)
 static void test_delay_lets_others_pass(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
-    setenv("TIO_ENGINE_FAULT", "delay:write:1:300", 1);
+    set_fault("delay:write:1:300");
     tio_engine *e = make_engine(backend, 1, 4 * MIB, 0, 0, 0);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     tio_extent a, b;
     assert_int_equal(tio_engine_alloc(e, 8192, &a), 0);
     assert_int_equal(tio_engine_alloc(e, 8192, &b), 0);
@@ -840,9 +1043,9 @@ static void test_delay_lets_others_pass(void **state)
 static void test_read_write_queues_alternate(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
-    setenv("TIO_ENGINE_FAULT", "delay:write:5:200", 1);
+    set_fault("delay:write:5:200");
     tio_engine *e = make_engine(backend, 1, 4 * MIB, 0, 0, 1);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     tio_extent x[8];
     buf_t b = buf_new(8 * 4096, 0);
     fill(b.p, 8 * 4096, 3);
@@ -915,11 +1118,14 @@ static void test_registered_buffers(void **state)
  * 1 MiB requests at every offset of a 2 MiB-aligned region (where the kernel
  * describes the fixed buffer by 2 MiB folios when it got them) must land and
  * come back exactly.  The bounce slab gets huge pages too: an unaligned
- * buffer goes through it. */
+ * buffer goes through it.  Checksums off: requests cover parts of one
+ * extent. */
 static void test_registered_huge_pages(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
+    g_checksum_off = true;
     tio_engine *e = make_engine(backend, 1, 32 * MIB, 0, 0, 8);
+    g_checksum_off = false;
     const uint64_t n = 8 * MIB;
     unsigned char *reg = aligned_alloc(2 * MIB, n);
     assert_non_null(reg);
@@ -959,12 +1165,12 @@ static void test_registered_huge_pages(void **state)
 
 /* ---- probe fallbacks, forced ------------------------------------------ */
 
-static tio_engine *create_with_probe_fail(const char *what, tio_backend backend)
+static tio_engine *create_with_probe_fail(uint32_t what, tio_backend backend)
 {
-    setenv("TIO_ENGINE_PROBE_FAIL", what, 1);
+    g_hooks.probe_fail = what;
     tio_engine *e = NULL;
     int rc = create_in(g_d0, backend, &e);
-    unsetenv("TIO_ENGINE_PROBE_FAIL");
+    g_hooks.probe_fail = 0;
     if (rc)
         print_error("create: %s\n", tio_last_error());
     assert_int_equal(rc, 0);
@@ -988,22 +1194,22 @@ static void test_probe_refusals(void **state)
 {
     char want[PATH_MAX + 64];
     /* O_DIRECT refused: buffered I/O, said so, and it works. */
-    tio_engine *e = create_with_probe_fail("odirect", TIO_BACKEND_AUTO);
+    tio_engine *e = create_with_probe_fail(TIO_PROBE_FAIL_ODIRECT, TIO_BACKEND_AUTO);
     snprintf(want, sizeof want, "buffered I/O: O_DIRECT refused by %s", g_d0);
     assert_non_null(strstr(tio_engine_backend_reason(e), want));
     roundtrip_70000(e);
     tio_engine_destroy(e);
 
     /* io_uring refused: the thread pool, with the reason. */
-    e = create_with_probe_fail("io_uring", TIO_BACKEND_AUTO);
+    e = create_with_probe_fail(TIO_PROBE_FAIL_URING, TIO_BACKEND_AUTO);
     assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
     assert_string_equal(tio_engine_backend_reason(e), "psync: io_uring_queue_init: Operation not "
-                        "permitted (forced by TIO_ENGINE_PROBE_FAIL)");
+                        "permitted (forced by a test hook)");
     roundtrip_70000(e);
     tio_engine_destroy(e);
-    setenv("TIO_ENGINE_PROBE_FAIL", "io_uring", 1);
+    g_hooks.probe_fail = TIO_PROBE_FAIL_URING;
     assert_int_equal(create_in(g_d0, TIO_BACKEND_IO_URING, &e), -EPROTONOSUPPORT);
-    unsetenv("TIO_ENGINE_PROBE_FAIL");
+    g_hooks.probe_fail = 0;
 
     /* Registration over RLIMIT_MEMLOCK: io_uring without fixed buffers, a
      * message naming the limit and the fix. */
@@ -1012,14 +1218,14 @@ static void test_probe_refusals(void **state)
         print_message("io_uring refused here, memlock case skipped\n");
     } else {
         tio_engine_destroy(e);
-        e = create_with_probe_fail("memlock", TIO_BACKEND_IO_URING);
+        e = create_with_probe_fail(TIO_PROBE_FAIL_MEMLOCK, TIO_BACKEND_IO_URING);
         assert_false(tio_engine_fixed_buffers(e));
         assert_true(tio_engine_fixed_files(e));
         const char *why = tio_engine_backend_reason(e);
         assert_non_null(strstr(why, "fixed buffers off: io_uring could not pin"));
         assert_non_null(strstr(why, "RLIMIT_MEMLOCK is "));
         assert_non_null(strstr(why, "ulimit -l unlimited"));
-        assert_non_null(strstr(why, "(forced by TIO_ENGINE_PROBE_FAIL)"));
+        assert_non_null(strstr(why, "(forced by a test hook)"));
         buf_t b = buf_new(4096, 0);
         assert_int_equal(tio_engine_register_buffer(e, b.p, 4096), 0); /* records nothing */
         roundtrip_70000(e);
@@ -1027,25 +1233,12 @@ static void test_probe_refusals(void **state)
         tio_engine_destroy(e);
     }
 
-    /* All three at once, and bad values. */
-    e = create_with_probe_fail("odirect,io_uring,memlock", TIO_BACKEND_AUTO);
+    /* All three at once. */
+    e = create_with_probe_fail(TIO_PROBE_FAIL_ODIRECT | TIO_PROBE_FAIL_URING |
+                               TIO_PROBE_FAIL_MEMLOCK, TIO_BACKEND_AUTO);
     assert_int_equal(tio_engine_backend(e), TIO_BACKEND_PSYNC);
     roundtrip_70000(e);
     tio_engine_destroy(e);
-    static const char *const bad[] = {"ssd", "odirect,", "io_uring,,memlock", "ODIRECT"};
-    for (int i = 0; i < 4; i++) {
-        setenv("TIO_ENGINE_PROBE_FAIL", bad[i], 1);
-        assert_int_equal(create_in(g_d0, TIO_BACKEND_AUTO, &e), -EINVAL);
-        assert_non_null(strstr(tio_last_error(), "TIO_ENGINE_PROBE_FAIL="));
-    }
-    unsetenv("TIO_ENGINE_PROBE_FAIL");
-    static const char *const bad_fault[] = {"delay:read:1:", "delay:read:1:x", "eio:read:1:5",
-                                            "delay:read:1:60001", "short:read:2x"};
-    for (int i = 0; i < 5; i++) {
-        setenv("TIO_ENGINE_FAULT", bad_fault[i], 1);
-        assert_int_equal(create_in(g_d0, TIO_BACKEND_AUTO, &e), -EINVAL);
-    }
-    unsetenv("TIO_ENGINE_FAULT");
 }
 
 /* ---- checksums -------------------------------------------------------- */
@@ -1066,6 +1259,10 @@ static void test_crc32c_values(void **state)
         /* Continuation: crc(a || b) from crc(a). */
         assert_int_equal(tio_crc32c(tio_crc32c(0, b.p + off, 777), b.p + off + 777, n - 777), hw);
     }
+    /* Lengths around the three-stream blocks (3 x 256, 3 x 8192 bytes). */
+    static const size_t lens[] = {767, 768, 769, 775, 776, 24575, 24576, 24577, 49921, 99999};
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(tio_crc32c(0, b.p + 3, lens[i]), tio_crc32c_sw(0, b.p + 3, lens[i]));
     free(b.base);
 }
 
@@ -1076,12 +1273,12 @@ static tio_engine *make_checked(tio_backend backend)
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = 2;
-    opt.capacity_bytes = 8 * MIB;
+    opt.space_bytes = 8 * MIB;
     opt.stripe_bytes = 64 * KIB;
     opt.backend = backend;
     opt.checksum = true;
     tio_engine *e = NULL;
-    int rc = tio_engine_create(&opt, &e);
+    int rc = tio_engine_create_test(&opt, &g_hooks, &e);
     if (rc == -EPROTONOSUPPORT)
         skip();
     assert_int_equal(rc, 0);
@@ -1089,7 +1286,8 @@ static tio_engine *make_checked(tio_backend backend)
 }
 
 /* A byte flipped in a backing file: the read fails with TIO_ECORRUPT naming
- * the tag and the extent; the neighbour is unaffected; rewriting heals. */
+ * the file, the offset of the chunk that holds it, the tag and the extent;
+ * the neighbour is unaffected; rewriting heals. */
 static void test_checksum_detects_corruption(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
@@ -1123,10 +1321,15 @@ static void test_checksum_detects_corruption(void **state)
     assert_int_equal(c.tag, 1234);
     assert_int_equal(c.result, TIO_ECORRUPT);
     assert_int_equal(dst.p[70000], flipped);
-    char want[256];
-    snprintf(want, sizeof want, "read of tag 1234: extent at offset %llu (%llu bytes): CRC32C "
-             "mismatch (written 0x%08x, read 0x%08x)", (unsigned long long)x.offset,
-             (unsigned long long)x.bytes, tio_crc32c(0, src.p, n), tio_crc32c(0, dst.p, n));
+    /* The failing chunk is logical [64 KiB, 128 KiB): bytes [60 KiB, 124 KiB)
+     * of x, at offset 0 of dir 1's file. */
+    char want[PATH_MAX + 256];
+    uint64_t in_x = 64 * KIB - x.offset;
+    snprintf(want, sizeof want, "read from '%s' at offset 0 (65536 bytes): CRC32C mismatch "
+             "(written 0x%08x, read 0x%08x); tag 1234, extent at offset %llu (%llu bytes)",
+             tio_engine_backing_path(e, 1), tio_crc32c(0, src.p + in_x, 64 * KIB),
+             tio_crc32c(0, dst.p + in_x, 64 * KIB), (unsigned long long)x.offset,
+             (unsigned long long)x.bytes);
     assert_string_equal(tio_engine_completion_error(e, 1234), want);
     assert_string_equal(tio_last_error(), want);
     assert_int_equal(tio_engine_read(e, &x, dst.p, n), TIO_ECORRUPT);
@@ -1146,14 +1349,69 @@ static void test_checksum_detects_corruption(void **state)
     tio_engine_destroy(e);
 }
 
+/* Issue 12, item 2: a backing file truncated to 0 or overwritten with zeros
+ * while the engine is live gave other bytes and no error, because checksums
+ * were off by default.  With the default options, each read of a damaged
+ * extent fails with TIO_ECORRUPT naming the file and the offset. */
+static void test_backing_file_truncated_or_zeroed(void **state)
+{
+    tio_backend backend = *(tio_backend *)*state;
+    tio_engine *e = NULL;
+    int rc = create_in(g_d0, backend, &e); /* tio_engine_options_default */
+    if (rc == -EPROTONOSUPPORT)
+        skip();
+    assert_int_equal(rc, 0);
+    const uint64_t n = 256 * KIB;
+    tio_extent a, b;
+    assert_int_equal(tio_engine_alloc(e, n, &a), 0);
+    assert_int_equal(tio_engine_alloc(e, n, &b), 0);
+    assert_int_equal(b.offset, n);
+    buf_t pa = buf_new(n, 0), pb = buf_new(n, 1), back = buf_new(n, 0);
+    fill(pa.p, n, 61);
+    fill(pb.p, n, 62);
+    assert_int_equal(tio_engine_write(e, &a, pa.p, n), 0);
+    assert_int_equal(tio_engine_write(e, &b, pb.p, n), 0);
+    const char *file = tio_engine_backing_path(e, 0);
+    char want[PATH_MAX + 64];
+
+    /* Truncated to 0, then b written again: a now reads as a hole. */
+    assert_int_equal(truncate(file, 0), 0);
+    assert_int_equal(tio_engine_write(e, &b, pb.p, n), 0);
+    memset(back.p, 0x33, n);
+    assert_int_equal(tio_engine_read(e, &a, back.p, n), TIO_ECORRUPT);
+    snprintf(want, sizeof want, "read from '%s' at offset 0 (%llu bytes): CRC32C mismatch", file,
+             (unsigned long long)n);
+    assert_int_equal(strncmp(tio_last_error(), want, strlen(want)), 0);
+    assert_int_equal(tio_engine_read(e, &b, back.p, n), 0);
+    assert_memory_equal(back.p, pb.p, n);
+
+    /* Overwritten with zeros. */
+    int fd = open(file, O_WRONLY);
+    assert_true(fd >= 0);
+    unsigned char *zeros = calloc(1, 2 * n);
+    assert_non_null(zeros);
+    assert_int_equal(pwrite(fd, zeros, 2 * n, 0), (ssize_t)(2 * n));
+    fsync(fd);
+    close(fd);
+    free(zeros);
+    assert_int_equal(tio_engine_read(e, &b, back.p, n), TIO_ECORRUPT);
+    snprintf(want, sizeof want, "read from '%s' at offset %llu (%llu bytes): CRC32C mismatch",
+             file, (unsigned long long)n, (unsigned long long)n);
+    assert_int_equal(strncmp(tio_last_error(), want, strlen(want)), 0);
+    free(pa.base);
+    free(pb.base);
+    free(back.base);
+    tio_engine_destroy(e);
+}
+
 /* A write that failed leaves no data that passes for stored: reading the
  * extent is TIO_ECORRUPT until a write succeeds. */
 static void test_checksum_failed_write(void **state)
 {
     tio_backend backend = *(tio_backend *)*state;
-    setenv("TIO_ENGINE_FAULT", "eio:write:2", 1);
+    set_fault("eio:write:2");
     tio_engine *e = make_checked(backend);
-    unsetenv("TIO_ENGINE_FAULT");
+    set_fault(NULL);
     const uint64_t n = 128 * KIB;
     tio_extent x;
     assert_int_equal(tio_engine_alloc(e, n, &x), 0);
@@ -1181,7 +1439,7 @@ static void test_space_stats(void **state)
     tio_engine *e = make_engine(TIO_BACKEND_PSYNC, 2, MIB, 0, 0, 0);
     tio_engine_space sp;
     tio_engine_space_stats(e, &sp);
-    assert_int_equal(sp.capacity_bytes, MIB);
+    assert_int_equal(sp.space_bytes, MIB);
     assert_int_equal(sp.free_bytes, MIB);
     assert_int_equal(sp.largest_free_bytes, MIB);
     assert_int_equal(sp.free_extents, 1);
@@ -1231,6 +1489,7 @@ int main(void)
         BOTH(test_registered_huge_pages),
         BOTH(test_checksum_detects_corruption),
         BOTH(test_checksum_failed_write),
+        BOTH(test_backing_file_truncated_or_zeroed),
         cmocka_unit_test(test_probe_refusals),
         cmocka_unit_test(test_crc32c_values),
         cmocka_unit_test(test_space_stats),
@@ -1239,6 +1498,8 @@ int main(void)
         cmocka_unit_test(test_request_checks),
         cmocka_unit_test(test_dir_errors),
         cmocka_unit_test(test_backing_files_lifecycle),
+        cmocka_unit_test(test_engine_memory_grows_with_dirs),
+        cmocka_unit_test(test_killed_job_backing_files_removed),
         cmocka_unit_test(test_backend_choice),
         cmocka_unit_test(test_forced_psync_fallback),
     };

@@ -139,7 +139,7 @@ static void test_soak(void **state)
     tio_engine_options_default(&opt);
     opt.dirs = dirs;
     opt.n_dirs = 2;
-    opt.capacity_bytes = SLOTS * max_size / 2 + 2 * max_size;
+    opt.space_bytes = SLOTS * max_size / 2 + 2 * max_size;
     opt.stripe_bytes = 256 * KIB;
     opt.checksum = true;
     tio_engine *e = NULL;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "engine/engine_test.h"
 #include "teraio/runtime.h"
 
 #define N_TENSORS 3
@@ -130,7 +131,7 @@ static bool has_pattern(const void *buf, uint64_t bytes, unsigned seed)
 typedef struct {
     tio_backend backend;
     uint64_t engine_bytes; /* 0: no engine */
-    const char *fault;     /* TIO_ENGINE_FAULT while the engine is created */
+    const char *fault;     /* engine test hook: a fault spec (engine_test.h) */
     bool host_only;        /* plan only the host-tier migrations of T2 */
     bool staged;           /* transfers go through staging callbacks */
 } fixture_options;
@@ -227,13 +228,12 @@ static int fixture_setup(void **state, const fixture_options *opt)
         const char *dirs[1] = {f->dir};
         eo.dirs = dirs;
         eo.n_dirs = 1;
-        eo.capacity_bytes = opt->engine_bytes;
+        eo.space_bytes = opt->engine_bytes;
         eo.backend = opt->backend;
+        tio_engine_test_options hooks = {0};
         if (opt->fault)
-            setenv("TIO_ENGINE_FAULT", opt->fault, 1);
-        int rc = tio_engine_create(&eo, &f->engine);
-        unsetenv("TIO_ENGINE_FAULT");
-        assert_int_equal(rc, 0);
+            assert_int_equal(tio_engine_test_options_parse(opt->fault, &hooks), 0);
+        assert_int_equal(tio_engine_create_test(&eo, &hooks, &f->engine), 0);
     }
 
     f->cb = (tio_runtime_callbacks){.ctx = &f->fw, .allocate = fw_allocate, .release = fw_release};
@@ -294,7 +294,7 @@ static int setup_host_only(void **state)
 static int setup_small_engine(void **state)
 {
     return fixture_setup(state, &(fixture_options){.backend = TIO_BACKEND_PSYNC,
-                                                   .engine_bytes = 1u << 20});
+                                                   .engine_bytes = 4u << 20});
 }
 
 static int setup_write_fault(void **state)
@@ -529,10 +529,15 @@ static void test_host_tier_without_engine(void **state)
     assert_int_equal(s.resident_bytes, ALL_BYTES);
 }
 
-/* No SSD space: the offload is refused and the tensor stays resident. */
+/* No SSD space left (someone else took it after the runtime was created):
+ * the offload is refused and the tensor stays resident. */
 static void test_no_space_keeps_resident(void **state)
 {
     fixture *f = *state;
+    tio_engine_space sp;
+    tio_engine_space_stats(f->engine, &sp);
+    tio_extent taken;
+    assert_int_equal(tio_engine_alloc(f->engine, sp.free_bytes, &taken), 0);
     run_kernels(f, 0, 6);
     tio_runtime_stats s = stats_of(f);
     assert_int_equal(s.offloads_refused, 1);
@@ -747,7 +752,7 @@ static void one_global_start(one_global *o, unsigned seed)
     const char *dirs[1] = {o->dir};
     eo.dirs = dirs;
     eo.n_dirs = 1;
-    eo.capacity_bytes = 1u << 20;
+    eo.space_bytes = 1u << 20;
     assert_int_equal(tio_engine_create(&eo, &o->engine), 0);
     o->fw.bytes[0] = G_BYTES;
     o->cb = (tio_runtime_callbacks){.ctx = &o->fw, .allocate = fw_allocate, .release = fw_release};

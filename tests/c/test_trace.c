@@ -469,19 +469,24 @@ static void test_special_paths(void **state)
     assert_traces_equal(t, back);
     tio_trace_destroy(back);
 
-    /* A file of mode 0600, saved through a symbolic link: the file is
-     * replaced and keeps its mode, the link stays a link. */
+    /* A file of mode 0640 is replaced and keeps its mode.  Saved through a
+     * symbolic link, it is refused (saves never write through links, issue
+     * 12): the link stays, the file is unchanged. */
     FILE *f = fopen(file, "w");
     assert_non_null(f);
     fputs("old\n", f);
     fclose(f);
-    assert_int_equal(chmod(file, 0600), 0);
+    assert_int_equal(chmod(file, 0640), 0);
     assert_int_equal(symlink("file.tio", link), 0);
-    assert_int_equal(tio_trace_save(t, link), 0);
+    assert_int_equal(tio_trace_save(t, link), -ELOOP);
+    assert_non_null(strstr(tio_last_error(), "a symbolic link"));
     assert_int_equal(lstat(link, &st), 0);
     assert_true(S_ISLNK(st.st_mode));
     assert_int_equal(stat(file, &st), 0);
-    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(st.st_size, 4);
+    assert_int_equal(tio_trace_save(t, file), 0);
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
     assert_int_equal(tio_trace_load(file, &back), 0);
     assert_traces_equal(t, back);
     tio_trace_destroy(back);

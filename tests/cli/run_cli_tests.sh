@@ -262,6 +262,8 @@ expect_one_line_error "bench io: --size below --bs" "$teraio" bench io --dir "$w
 expect_one_line_error "bench io: --bs not a multiple of 4096" "$teraio" bench io --dir "$work" --bs 1000
 expect_one_line_error "bench io: --qd 0" "$teraio" bench io --dir "$work" --qd 0
 expect_one_line_error "bench io: unknown option" "$teraio" bench io --dir "$work" --fast
+expect_one_line_error "bench io: unknown pass" "$teraio" bench io --dir "$work" --passes seq,fast
+expect_one_line_error "bench io: --rand-size above --size" "$teraio" bench io --dir "$work" --size 8MiB --rand-size 16MiB
 expect_one_line_error "bench: no benchmark named" "$teraio" bench disk
 expect_status "bench io --help" 0 "$teraio" bench io --help
 

@@ -48,7 +48,7 @@ def test_model_with_unused_parameter_is_profiled_and_trained(ssd_dir):
     lt = Lifetime(trace)
     plan = Plan.build(trace, lt, lt.peak_bytes // 2, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
     assert plan.n_migrations > 0
-    engine = Engine([ssd_dir], capacity_bytes=2 * lt.peak_bytes + (16 << 20))
+    engine = Engine([ssd_dir], space_bytes=2 * lt.peak_bytes + (16 << 20))
     rt = OffloadRuntime(job.model, job.opt, trace, plan, engine)
     for i in range(2, len(job.batches)):
         with rt.iteration():
@@ -119,7 +119,7 @@ def profiled(job, ssd_dir):
     trace = prof.trace()
     lt = Lifetime(trace)
     plan = Plan.build(trace, lt, lt.peak_bytes // 2, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
-    engine = Engine([ssd_dir], capacity_bytes=2 * lt.peak_bytes + (16 << 20))
+    engine = Engine([ssd_dir], space_bytes=2 * lt.peak_bytes + (16 << 20))
     return trace, lt, plan, engine
 
 
@@ -138,8 +138,8 @@ def test_trace_and_engine_sizes_out_of_range_are_refused(ssd_dir):
         Trace.build("m", [(-1, "parameter", True, "w")], [("k", 1, [(0, 1)])])
     with pytest.raises(ValueError, match="kernel duration_ns must be an integer in"):
         Trace.build("m", [(4, "parameter", True, "w")], [("k", -1, [(0, 1)])])
-    with pytest.raises(ValueError, match="capacity_bytes must be an integer in"):
-        Engine([ssd_dir], capacity_bytes=-1)
+    with pytest.raises(ValueError, match="space_bytes must be an integer in"):
+        Engine([ssd_dir], space_bytes=-1)
 
 
 def test_runtime_of_another_model_diverges_and_stays_correct(ssd_dir):

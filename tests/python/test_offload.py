@@ -21,7 +21,7 @@ def profiled_runtime(job, ssd_dir, fraction=0.5, staging=None):
     lt = Lifetime(trace)
     capacity = int(lt.peak_bytes * fraction)
     plan = Plan.build(trace, lt, capacity, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
-    engine = Engine([ssd_dir], capacity_bytes=2 * lt.peak_bytes + (16 << 20))
+    engine = Engine([ssd_dir], space_bytes=2 * lt.peak_bytes + (16 << 20))
     rt = OffloadRuntime(job.model, job.opt, trace, plan, engine, staging=staging)
     return rt, plan, lt, losses, engine
 
