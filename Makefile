@@ -3,6 +3,8 @@
 #   make test    C unit tests, CLI error tests, ASan+UBSan run, fuzz smoke, pytest
 #   make demo    train a real model with tensors offloaded to SSD (build/demo/)
 #   make bench   benchmarks (ratios against references measured in the same run)
+#   make paper   the TERAIO paper's configurations simulated (traces cached in
+#                build/paper-traces/<profile>/ by make paper-traces)
 #   make test-slow  the slow tests (two-node training job in network namespaces)
 SHELL := /bin/bash
 PY := .venv/bin/python
@@ -10,7 +12,8 @@ JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
-.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-slow test-pip demo bench clean
+.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-slow test-pip demo \
+	bench paper paper-traces clean
 
 all: build
 
@@ -39,7 +42,7 @@ test-tsan: deps
 	TIO_SOAK_SCALE=small ctest --test-dir build-tsan --output-on-failure -R '$(TSAN_TESTS)'
 
 test-fuzz: deps
-	@CC=clang cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON >/dev/null
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
 	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS)
 
@@ -59,6 +62,15 @@ demo: build
 
 bench: build
 	@scripts/bench
+
+PAPER_HW ?= hw/h100-nvl-paper.conf
+PAPER_TRACES := build/paper-traces/$(basename $(notdir $(PAPER_HW)))
+
+paper-traces: build
+	$(PY) -m teraio.paper trace $(PAPER_TRACES) --hw $(PAPER_HW)
+
+paper: paper-traces
+	build/bin/teraio eval paper --traces $(PAPER_TRACES)
 
 clean:
 	rm -rf build build-asan build-fuzz

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# bench/run_planner.sh — planning time of the fast planner (strategy teraio)
-# against the faithful Algorithm 1 (teraio-alg1, src/plan/planner.c) on one
-# paper-scale trace, both run here on the same trace and profile; prints
-# each planner's seconds and the ratio (the paper's Algorithm 1 took 31.2 s
-# on Llama3-8B).  The trace is Llama3-8B, batch 64, sequence 2048 from the
-# paper tracer (python -m teraio.paper), cached under build/paper-traces/.
+# bench/run_planner.sh — planning time of the default planner (teraio)
+# against the faithful Algorithm 1 (--planner alg1, src/plan/planner.c) on
+# one paper-scale trace, both run here on the same trace and profile with
+# `teraio plan --hw`; prints each planner's seconds, whether its plan fits,
+# and the ratio (the paper's Algorithm 1 took 31.2 s on Llama3-8B).  The
+# trace is Llama3-8B, batch 64, sequence 2048 from the paper tracer
+# (python -m teraio.paper), cached under build/paper-traces/.
 # Environment: TERAIO (the binary, default build/bin/teraio), BENCH_HW
 # (profile, default hw/h100-nvl-paper.conf), BENCH_TRACE (any trace file).
 set -euo pipefail
@@ -21,12 +22,19 @@ if [ -z "$trace" ]; then
       --seq 2048 --hw "$hw" -o "$trace" >/dev/null
   fi
 fi
-fast=$("$teraio" eval trace "$trace" --hw "$hw" --strategy teraio --json)
-alg1=$("$teraio" eval trace "$trace" --hw "$hw" --strategy teraio-alg1 --json)
-python3 - "$fast" "$alg1" <<'PY'
-import json, sys
-f, a = (json.loads(x)["results"][0] for x in sys.argv[1:3])
-print(f"teraio       plan {f['plan_seconds']:.3f} s  fraction of ideal {f['fraction_of_ideal']:.3f}")
-print(f"teraio-alg1  plan {a['plan_seconds']:.3f} s  fraction of ideal {a['fraction_of_ideal']:.3f}")
-print(f"planning time ratio alg1/teraio {a['plan_seconds'] / max(f['plan_seconds'], 1e-9):.1f}x")
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for planner in teraio alg1; do
+  "$teraio" plan "$trace" --hw "$hw" --planner "$planner" -o "$out/$planner.plan" \
+    >"$out/$planner.txt" || true
+done
+python3 - "$out/teraio.txt" "$out/alg1.txt" <<'PY'
+import sys
+def read(path):
+    get = lambda key: next(v.strip() for k, v in ((l[:16].strip(), l[16:]) for l in open(path)) if k == key)
+    return float(get("planning time").split()[0]), get("fits"), get("planned peak")
+(ft, ff, fp), (at, af, ap) = read(sys.argv[1]), read(sys.argv[2])
+print(f"teraio  plan {ft:.3f} s  fits {ff}  planned peak {fp}")
+print(f"alg1    plan {at:.3f} s  fits {af}  planned peak {ap}")
+print(f"planning time ratio alg1/teraio {at / max(ft, 1e-9):.1f}x")
 PY

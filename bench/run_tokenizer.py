@@ -1,52 +1,75 @@
 #!/usr/bin/env python3
-"""bench/run_tokenizer.py — encoding speed of teraio's tokenizer beside PyPI
-tiktoken and Hugging Face tokenizers, measured in the same run.
+"""bench/run_tokenizer.py — encoding speed of teraio's tokenizer through its
+Python API beside tiktoken, bpe-openai, tokendagger and Hugging Face
+tokenizers, measured in the same run on the same text.
 
 Text: the Python standard library sources (*.py, site-packages excluded),
-one document per file.  Encoding: cl100k_base (tiktoken built offline from
-python/teraio/tokenizers; tokenizers from a tokenizer.json made from the same
-ranks, Llama-3 style: Split(cl100k regex) + ByteLevel, ignore_merges).
+one document per file, as str.  Encoding: cl100k_base, single thread, every
+implementation at its best configuration:
+  - teraio: Tokenizer.encode(str) -> list[int] (the rank file shipped with
+    teraio);
+  - tiktoken 0.14: Encoding.encode_ordinary with tiktoken's own cl100k_base
+    definition (its pattern and the same rank file, read offline), and with
+    the pattern as tiktoken 0.7 spelled it (the one teraio uses), which
+    tiktoken runs faster: each round's ratio is against the faster of the
+    two;
+  - bpe-openai: its Rust tokenizer called directly (the Python wrapper
+    refuses long inputs), with its own copy of the ranks;
+  - tokendagger: Encoding(...).encode_ordinary with either pattern, the
+    faster counting, as for tiktoken;
+  - tokenizers: Tokenizer.encode of a tokenizer.json made from the same
+    ranks, Llama-3 style (Split(cl100k regex) + ByteLevel, ignore_merges).
+All must give tiktoken's ids on a sample of the documents before anything
+is timed.  Also timed, for the record: teraio.encode(bytes) of the same
+documents as UTF-8, and tio_tok_encode through ctypes with the ids left in
+a buffer (no Python list: the cost of the Python boundary).
 
-Prints MB/s (1e6 bytes of UTF-8 per second) for:
-  - single thread: teraio (tio_tok_encode per document, through ctypes),
-    tiktoken (encode_ordinary per document), tokenizers (encode per document)
-    and the ratios teraio/tiktoken and teraio/tokenizers;
-  - batch: teraio's tio_tok_encode_batch on 1 and 2 threads and the scaling,
-    through Tokenizer.encode_batch_flat (the ids as one array and offsets:
-    no Python int per id, whose creation on one thread would otherwise be
-    most of the 2-thread time; encode_batch, which returns lists, is timed
-    too, for the record).
-Each speed is the best of its rounds (the machine is shared: the best round
-is the least disturbed one); the ratios of every round are printed too.
-Environment: BENCH_TOK_MB (default 8) caps the text; BENCH_TOK_REPEATS (5);
-BENCH_TOK_PAIRS (11): 1-thread/2-thread batch pairs.
+Rounds: each round encodes all documents once with every implementation, in
+an order shuffled from round to round (seeded), and keeps every result (as a
+caller would).  The machine is shared and its speed drifts, so the ratios are
+taken within a round and the median over the rounds is reported, with
+their range; MB/s (1e6 bytes of UTF-8 per second) are medians too.
+
+Then the batch API: Tokenizer.encode_batch_flat (tio_tok_encode_batch, ids
+in one array) on 1 and 2 threads, in side-by-side pairs of alternating
+order; the scaling is the median of the pairs' ratios.
+
+Runs in its own venv, build/bench-tokenizer/venv, made once from
+bench/run_tokenizer-requirements.txt (the peers are not project
+dependencies).  Writes $TERAIO_BENCH_DIR/tokenizer.json (default
+build/bench), which bench/summary.py gathers into make bench's summary.
+Environment: BENCH_TOK_MB (default 8) caps the text, BENCH_TOK_ROUNDS (7),
+BENCH_TOK_PAIRS (11).
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
+import random
+import statistics
 import sys
 import sysconfig
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "python"))
-if "TERAIO_LIBRARY" not in os.environ and (REPO / "build" / "lib" / "libteraio.so").exists():
-    os.environ["TERAIO_LIBRARY"] = str(REPO / "build" / "lib" / "libteraio.so")
-
-# The rank files are local: no copies of them in tiktoken's /tmp cache.
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")
-import tiktoken  # noqa: E402
-import tiktoken.load  # noqa: E402
-
-from teraio.tok import Tokenizer  # noqa: E402
-
+VENV = REPO / "build" / "bench-tokenizer" / "venv"
+REQUIREMENTS = REPO / "bench" / "run_tokenizer-requirements.txt"
 SHIPPED = REPO / "python" / "teraio" / "tokenizers"
+OUT = Path(os.environ.get("TERAIO_BENCH_DIR", REPO / "build" / "bench")) / "tokenizer.json"
 NAME = "cl100k_base"
-MB = float(os.environ.get("BENCH_TOK_MB", "8"))
-REPEATS = int(os.environ.get("BENCH_TOK_REPEATS", "5"))
-PAIRS = int(os.environ.get("BENCH_TOK_PAIRS", "11"))
+
+
+def in_bench_venv() -> None:
+    """Re-run this script with the bench venv's Python, making it first."""
+    if Path(sys.prefix).resolve() == VENV.resolve():
+        return
+    sys.path.insert(0, str(REPO / "bench"))
+    from benchenv import own_venv
+    py = own_venv(VENV.parent, VENV.name, REQUIREMENTS, "run_tokenizer")
+    os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
 def stdlib_docs(limit_bytes: float) -> list[str]:
@@ -66,7 +89,9 @@ def stdlib_docs(limit_bytes: float) -> list[str]:
     return docs
 
 
-def hf_tokenizer(enc: "tiktoken.Encoding", ranks: dict[bytes, int]):
+def hf_tokenizer(enc, ranks: dict[bytes, int]):
+    """A Llama-3-style tokenizer.json of the ranks, split by enc's pattern
+    (also used by bench/run_parquet.py)."""
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers
 
@@ -92,83 +117,171 @@ def hf_tokenizer(enc: "tiktoken.Encoding", ranks: dict[bytes, int]):
     return t
 
 
-def rate(fn, docs_bytes: int, cpu: dict | None = None, key: str = "") -> float:
-    t0, c0 = time.perf_counter(), time.process_time()
-    fn()
-    if cpu is not None:
-        cpu[key] = time.process_time() - c0
-    return docs_bytes / (time.perf_counter() - t0) / 1e6
+def implementations(docs: list[str]):
+    """name -> (function encoding every document, the documents it takes)."""
+    import bpe_openai._bindings
+    import tiktoken
+    import tiktoken.load
+    import tiktoken_ext.openai_public as openai_public
+    import tokendagger
+
+    from teraio import _lib as L
+    from teraio.tok import Tokenizer
+
+    ranks = tiktoken.load.load_tiktoken_bpe(str(SHIPPED / f"{NAME}.tiktoken"))
+    # tiktoken's own definition of the encoding, its rank file read offline.
+    openai_public.load_tiktoken_bpe = lambda *args, **kwargs: ranks
+    spec = getattr(openai_public, NAME)()
+    old_pattern = json.loads((SHIPPED / "encodings.json").read_text())[NAME]["pat_str"]
+    ref = tiktoken.Encoding(**spec)
+    ref_old = tiktoken.Encoding(f"{NAME}-0.7", pat_str=old_pattern, mergeable_ranks=ranks,
+                                special_tokens=spec["special_tokens"])
+    dagger, dagger_old = (tokendagger.Encoding(NAME, pat_str=pat, mergeable_ranks=ranks,
+                                               special_tokens=spec["special_tokens"])
+                          for pat in (spec["pat_str"], old_pattern))
+    bpe = bpe_openai._bindings.tokenizer_for_encoding(NAME)
+    hf = hf_tokenizer(ref_old, ranks)
+    tok = Tokenizer.encoding(NAME, SHIPPED)
+    raw = [d.encode() for d in docs]
+    buf = (ctypes.c_uint32 * max(len(r) for r in raw))()
+    n_ids = ctypes.c_size_t()
+
+    def c_only(texts):
+        for r in texts:
+            L.tio_tok_encode(tok._h, r, len(r), 0, buf, len(r), ctypes.byref(n_ids))
+
+    impls = {
+        "teraio": (lambda texts: [tok.encode(d) for d in texts], docs),
+        "tiktoken": (lambda texts: [ref.encode_ordinary(d) for d in texts], docs),
+        "tiktoken 0.7 pattern": (lambda texts: [ref_old.encode_ordinary(d) for d in texts], docs),
+        "bpe-openai": (lambda texts: [bpe.encode(d) for d in texts], docs),
+        "tokendagger": (lambda texts: [dagger.encode_ordinary(d) for d in texts], docs),
+        "tokendagger 0.7 pattern": (lambda texts: [dagger_old.encode_ordinary(d) for d in texts], docs),
+        "tokenizers": (lambda texts: [hf.encode(d, add_special_tokens=False).ids for d in texts], docs),
+        "teraio bytes": (lambda texts: [tok.encode(r) for r in texts], raw),
+        "teraio C": (c_only, raw),
+    }
+    # Same ids first, so the speeds compare the same work.
+    sample = docs[:: max(1, len(docs) // 60)]
+    want = [ref.encode_ordinary(d) for d in sample]
+    for name, (fn, _) in impls.items():
+        if name == "teraio C":
+            continue
+        texts = [d.encode() for d in sample] if name == "teraio bytes" else sample
+        got = fn(texts)
+        bad = [i for i, (g, w) in enumerate(zip(got, want)) if list(g) != w]
+        if bad:
+            sys.exit(f"run_tokenizer: {name} gives other ids than tiktoken on {len(bad)} of "
+                     f"{len(sample)} documents")
+    versions = {"tiktoken": tiktoken.__version__ if hasattr(tiktoken, "__version__") else "",
+                "tokendagger": tokendagger.__version__,
+                "bpe-openai": bpe_openai.__version__}
+    return impls, tok, raw, versions
+
+
+def seconds(fn, texts) -> float:
+    t0 = time.perf_counter()
+    kept = fn(texts)
+    dt = time.perf_counter() - t0
+    del kept
+    return dt
+
+
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
 
 
 def main() -> int:
-    if not (SHIPPED / f"{NAME}.tiktoken").exists():
-        print(f"run_tokenizer: no {NAME}.tiktoken in {SHIPPED}; skipped")
-        return 0
-    spec = json.loads((SHIPPED / "encodings.json").read_text())[NAME]
-    ranks = tiktoken.load.load_tiktoken_bpe(str(SHIPPED / f"{NAME}.tiktoken"))
-    ref = tiktoken.Encoding(NAME, pat_str=spec["pat_str"], mergeable_ranks=ranks,
-                            special_tokens=spec["special_tokens"])
-    tok = Tokenizer.encoding(NAME, SHIPPED)
-    hf = hf_tokenizer(ref, ranks)
-    docs = stdlib_docs(MB * 1e6)
-    raw = [d.encode() for d in docs]
-    total = sum(len(r) for r in raw)
+    in_bench_venv()
+    sys.path.insert(0, str(REPO / "python"))
+    lib = REPO / "build" / "lib" / "libteraio.so"
+    if "TERAIO_LIBRARY" not in os.environ and lib.exists():
+        os.environ["TERAIO_LIBRARY"] = str(lib)
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", "")  # the rank files are local
+    mb = float(os.environ.get("BENCH_TOK_MB", "8"))
+    rounds = int(os.environ.get("BENCH_TOK_ROUNDS", "7"))
+    pairs = int(os.environ.get("BENCH_TOK_PAIRS", "11"))
+
+    docs = stdlib_docs(mb * 1e6)
+    total = sum(len(d.encode()) for d in docs)
+    impls, tok, raw, versions = implementations(docs)
+    names = list(impls)
     print(f"text: {len(docs)} Python stdlib files, {total / 1e6:.1f} MB; encoding {NAME}; "
-          f"best of {REPEATS} rounds")
+          f"single thread; {rounds} rounds, order shuffled each round; same ids checked first")
 
-    # Same ids first, so the speeds compare the same work.
-    sample = docs[:: max(1, len(docs) // 50)]
-    assert all(tok.encode(d) == ref.encode_ordinary(d) for d in sample), "teraio != tiktoken"
-    assert all(hf.encode(d, add_special_tokens=False).ids == ref.encode_ordinary(d) for d in sample), \
-        "tokenizers != tiktoken"
+    rates: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        order = names[:]
+        random.Random(r).shuffle(order)  # no implementation always follows the same one
+        for name in order:
+            gc.collect()
+            fn, texts = impls[name]
+            rates[name].append(total / seconds(fn, texts) / 1e6)
+        print(f"  round {r + 1}: " + "  ".join(f"{k} {rates[k][-1]:.1f}" for k in names) + " MB/s")
 
-    cpu_eff = 0.0
-    ratios = []
-    best = {"teraio": 0.0, "tiktoken": 0.0, "tokenizers": 0.0, "batch1": 0.0, "batch2": 0.0,
-            "lists2": 0.0}
-    for r in range(REPEATS):
-        round_ = {
-            "teraio": rate(lambda: [tok.encode(b) for b in raw], total),
-            "tiktoken": rate(lambda: [ref.encode_ordinary(d) for d in docs], total),
-            "tokenizers": rate(lambda: [hf.encode(d, add_special_tokens=False) for d in docs], total),
-            "lists2": rate(lambda: tok.encode_batch(raw, threads=2), total),
-        }
-        print(f"  round {r + 1}: teraio {round_['teraio']:.1f}  tiktoken {round_['tiktoken']:.1f}  "
-              f"tokenizers {round_['tokenizers']:.1f} MB/s   "
-              f"teraio/tiktoken {round_['teraio'] / round_['tiktoken']:.2f}")
-        best.update({k: max(best[k], v) for k, v in round_.items()})
-        ratios.append(round_["teraio"] / round_["tiktoken"])
+    # Each peer at its best configuration: per round, its faster variant.
+    variants = {"tiktoken": ["tiktoken", "tiktoken 0.7 pattern"], "bpe-openai": ["bpe-openai"],
+                "tokendagger": ["tokendagger", "tokendagger 0.7 pattern"], "tokenizers": ["tokenizers"]}
+    peers = list(variants)
+    ratios = {p: [rates["teraio"][r] / max(rates[v][r] for v in variants[p]) for r in range(rounds)]
+              for p in peers}
+    out = {"text_bytes": total, "documents": len(docs), "encoding": NAME, "rounds": rounds,
+           "versions": versions, "mb_per_s": {}, "teraio_over": {}}
+    print(f"\n{'implementation':<40} {'MB/s median (min-max)':>24} "
+          f"{'teraio / best of it, median (min-max)':>40}")
+    for name in names:
+        med, lo, hi = median_range(rates[name])
+        out["mb_per_s"][name] = med
+        label = {"teraio": "teraio Tokenizer.encode(str)",
+                 "teraio bytes": "teraio Tokenizer.encode(bytes)",
+                 "teraio C": "teraio tio_tok_encode, no list (ctypes)",
+                 "tiktoken": f"tiktoken {versions['tiktoken']} encode_ordinary",
+                 "tiktoken 0.7 pattern": "  the same, tiktoken 0.7's pattern",
+                 "bpe-openai": f"bpe-openai {versions['bpe-openai']} (Rust, direct)",
+                 "tokendagger": f"tokendagger {versions['tokendagger']} encode_ordinary",
+                 "tokendagger 0.7 pattern": "  the same, tiktoken 0.7's pattern",
+                 "tokenizers": "tokenizers encode"}[name]
+        ratio = ""
+        if name in ratios:
+            rm, rlo, rhi = median_range(ratios[name])
+            out["teraio_over"][name] = {"median": rm, "min": rlo, "max": rhi}
+            ratio = f"{rm:.2f} ({rlo:.2f}-{rhi:.2f})"
+        print(f"{label:<40} {f'{med:.1f} ({lo:.1f}-{hi:.1f})':>24} {ratio:>40}")
 
-    # Batch scaling: 1 and 2 threads run back to back, PAIRS times, in
-    # alternating order, so a slow spell of this shared machine hits both
-    # sides of a pair alike; the scaling is the median of the pairs' ratios.
-    scalings = []
-    for p in range(PAIRS):
-        cpu: dict = {}
-        pair = {}
+    # Batch scaling: 1 and 2 threads back to back, alternating which goes
+    # first, so a slow spell of the shared machine hits both sides alike.
+    scalings, cpu_ratios, batch = [], [], {1: [], 2: []}
+    for p in range(pairs):
+        pair, cpu = {}, {}
         for threads in ((1, 2) if p % 2 == 0 else (2, 1)):
-            key = f"batch{threads}"
-            pair[key] = rate(lambda: tok.encode_batch_flat(raw, threads=threads), total, cpu, key)
-        # CPU seconds of the whole batch, all threads: equal for 1 and 2
-        # threads means the work divides with no overhead (wall-clock
-        # scaling is then limited only by how free the second core is).
-        cpu_eff = max(cpu_eff, cpu["batch1"] / cpu["batch2"])
-        best.update({k: max(best[k], v) for k, v in pair.items()})
-        scalings.append(pair["batch2"] / pair["batch1"])
-    scalings.sort()
-    print(f"single thread: teraio {best['teraio']:.1f} MB/s, tiktoken {best['tiktoken']:.1f} MB/s, "
-          f"tokenizers {best['tokenizers']:.1f} MB/s")
-    print(f"ratio teraio/tiktoken = {best['teraio'] / best['tiktoken']:.2f} (target >= 1.5), "
-          f"teraio/tokenizers = {best['teraio'] / best['tokenizers']:.2f}")
-    print(f"batch: 1 thread {best['batch1']:.1f} MB/s, 2 threads {best['batch2']:.1f} MB/s (best); "
-          f"scaling = {scalings[len(scalings) // 2]:.2f}x, median of {PAIRS} side-by-side pairs "
-          f"(target >= 1.7 on 2 cores; {os.cpu_count()} CPUs here; pairs "
-          f"{' '.join(f'{x:.2f}' for x in scalings)})")
-    print(f"encode_batch returning lists, 2 threads: {best['lists2']:.1f} MB/s")
-    print(f"per round: teraio/tiktoken median {sorted(ratios)[len(ratios) // 2]:.2f} "
-          f"(min {min(ratios):.2f})")
-    print(f"batch CPU time, 1 thread / 2 threads = {cpu_eff:.2f} (1.00: no parallel overhead); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+            t0, c0 = time.perf_counter(), time.process_time()
+            tok.encode_batch_flat(raw, threads=threads)
+            cpu[threads] = time.process_time() - c0
+            pair[threads] = total / (time.perf_counter() - t0) / 1e6
+            batch[threads].append(pair[threads])
+        scalings.append(pair[2] / pair[1])
+        cpu_ratios.append(cpu[1] / cpu[2])
+    sm, slo, shi = median_range(scalings)
+    out["batch"] = {"threads_1_mb_per_s": statistics.median(batch[1]),
+                    "threads_2_mb_per_s": statistics.median(batch[2]),
+                    "scaling_median": sm, "scaling_min": slo, "scaling_max": shi, "pairs": pairs,
+                    "cpu_1_over_2_median": statistics.median(cpu_ratios)}
+    print(f"\nbatch (encode_batch_flat): 1 thread {out['batch']['threads_1_mb_per_s']:.1f} MB/s, "
+          f"2 threads {out['batch']['threads_2_mb_per_s']:.1f} MB/s (medians); 2 vs 1 thread "
+          f"{sm:.2f} ({slo:.2f}-{shi:.2f}) over {pairs} pairs; CPU time 1/2 threads "
+          f"{out['batch']['cpu_1_over_2_median']:.2f}; {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    ratios = [{"name": f"encode vs {p} (median of {rounds} rounds)",
+               "value": out["teraio_over"][p]["median"], "higher_is_better": True} for p in peers]
+    ratios.append({"name": f"batch 2 threads vs 1 (median of {pairs} pairs)", "value": sm,
+                   "higher_is_better": True})
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({
+        "bench": "tokenizer",
+        "title": f"{NAME} through the Python API, single thread, {total / 1e6:.1f} MB of stdlib source",
+        "reference": "tiktoken, bpe-openai, tokendagger, tokenizers in the same run, same ids",
+        "ratios": ratios, "details": out}, indent=1) + "\n")
+    print(f"wrote {OUT}")
     return 0
 
 

@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(text + n, data, size);
     static const tio_tok_special specials[] = {{"<|endoftext|>", 100000}};
     tio_tok *tok = NULL;
-    int rc = tio_tok_parse_tiktoken(&tok, text, n + size, FUZZ_GPT2_PATTERN, specials, 1);
+    int rc = tio_tok_parse_tiktoken(&tok, text, n + size, TOK_PATTERN_GPT2, specials, 1);
     if (rc == 0) {
         fuzz_round_trip(tok, data, size, TIO_TOK_SPECIAL_TEXT);
         fuzz_round_trip(tok, data, size, TIO_TOK_SPECIAL_ALLOW);

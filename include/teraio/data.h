@@ -20,6 +20,15 @@
  *                         integers, one record batch per document
  *   NAME.jsonl[.gz|.zst]  one JSON object per line; the string field
  *                         `text` (configurable) is tokenized on the fly
+ *   NAME.parquet          Parquet (read through Arrow's libparquet, see
+ *                         tio_data_parquet_available): a string column
+ *                         `text` (configurable) tokenized on the fly, else a
+ *                         list-of-integers column `tokens` or `input_ids`;
+ *                         a document is a row, a row group the unit of
+ *                         reading; document counts come from the footer.
+ *                         The Hugging Face hub's layout (<sub>/data/
+ *                         train-*.parquet, README.md beside) is one
+ *                         sub-dataset like any other folder
  *   counts.csv            optional, in the root: lines "sub/rel/path,docs,tokens"
  *                         (tokens may be 0 = unknown); listed files are not
  *                         opened until read
@@ -61,13 +70,19 @@
  *
  * Threads: a loader with prefetch runs one thread that draws, packs and
  * shuffles into a queue, optionally fill threads that read the tokens of the
- * queued samples, and, when a JSONL file is first read, tokenizer threads
- * for it; when the queue is empty the caller of tio_loader_next makes the
+ * queued samples, and, when a window of a text file (JSONL, Parquet text)
+ * is decoded, tokenizer threads for it; when the queue is empty the caller of tio_loader_next makes the
  * next sample itself.  The stream is the same whatever the thread counts.
  *
  * Thread-safety: a tio_dataset is immutable after tio_dataset_open (files
  * are mapped on first use, under its lock) and may be shared by loaders in
- * any threads.  A tio_loader is used by one thread at a time.
+ * any threads.  A tio_loader is used by one thread at a time (the Python
+ * StreamingDataset puts a lock around it).
+ *
+ * Memory: token files are mapped, not read; text files are decoded by
+ * windows (about TIO_JSONL_WINDOW_BYTES of a JSONL file, one Parquet row
+ * group) into a per-reader cache of cache_bytes, so a compressed file that
+ * expands a thousand times costs a window, not its decompressed size.
  */
 #ifndef TERAIO_DATA_H
 #define TERAIO_DATA_H
@@ -130,10 +145,16 @@ typedef struct tio_dataset_options {
                             as an empty document and counted (tio_dataset_info) */
     int64_t llmc_delimiter; /* llm.c document delimiter; -1: 50256 for magic
                                20240520, 128000 for 20240801 */
-    uint32_t tokenizer_threads; /* threads that tokenize a JSONL file when a
-                                   reader loads it (lines are handed out in
-                                   chunks); 0: min(4, online CPUs); 1: none
-                                   besides the reading thread */
+    uint32_t tokenizer_threads; /* threads that tokenize a window of a text
+                                   file when a reader loads it (documents are
+                                   handed out in chunks); 0: min(4, online
+                                   CPUs); 1: none besides the reading thread */
+    uint64_t max_line_bytes;    /* longest JSONL line (decompressed) or Parquet
+                                   text value accepted; a longer one is an
+                                   error naming file and line; 0: 64 MiB */
+    uint64_t cache_bytes;       /* per reader: decoded windows kept (ids and
+                                   their tables); at least one window is kept
+                                   whatever its size; 0: 256 MiB */
 } tio_dataset_options;
 
 /* Defaults described above. */
@@ -147,10 +168,15 @@ typedef struct tio_dataset tio_dataset;
  * the counts file are opened and validated now; JSONL files are read once to
  * count their lines.  `opts` may be NULL (defaults).  `*out` is owned by the
  * caller (tio_dataset_destroy).
- * Errors: -ENOENT/-ENOTDIR (root), -ENODATA (no sub-dataset), TIO_EPARSE
- * (malformed file: message names file, offset and what was expected, e.g.
- * "a/x.idx: bad magic", "a/x.idx: sequence 3 ends at byte 812 past the end
- * of a/x.bin (800 bytes)"), TIO_EVERSION (.idx version not 1), -ENOMEM, -EIO. */
+ * Errors: -ENOENT/-ENOTDIR (root), -ENODATA (no sub-dataset; a sub-dataset
+ * known to hold no token at all, named), TIO_EPARSE (malformed file: message
+ * names file, offset and what was expected, e.g. "a/x.idx: bad magic",
+ * "a/x.idx: sequence 3 ends at byte 812 past the end of a/x.bin (800
+ * bytes)", "a/x.jsonl.zst: line 1 is longer than the limit of 67108864
+ * bytes (max_line_bytes)", "a/x.parquet: column 'text' is int64, not a
+ * string"), TIO_EVERSION (.idx version not 1), -ENOTSUP (a Parquet file
+ * while Parquet is unavailable: the reason is in the message), -ENOMEM,
+ * -EIO. */
 TIO_API int tio_dataset_open(const char *root, const tio_dataset_options *opts,
                              tio_dataset **out);
 TIO_API void tio_dataset_destroy(tio_dataset *ds);
@@ -161,7 +187,12 @@ typedef struct tio_data_subdataset_info {
     uint64_t n_docs;
     uint64_t bytes;        /* bytes used for cutting logical shards */
     uint64_t n_tokens;     /* tokens of token files (0 for JSONL: unknown) */
-    uint64_t lines_skipped;/* malformed JSONL lines skipped while counting */
+    uint64_t lines_skipped;/* bad text documents (malformed JSONL lines, null
+                              Parquet rows) read as empty with
+                              TIO_DATA_JSONL_SKIP, as they are met */
+    uint64_t n_empty_docs; /* documents without tokens, which the loader skips:
+                              token files counted when opened, text files as
+                              their windows are tokenized */
 } tio_data_subdataset_info;
 
 TIO_API uint32_t tio_dataset_n_subdatasets(const tio_dataset *ds);
@@ -170,6 +201,21 @@ TIO_API int tio_dataset_info(const tio_dataset *ds, uint32_t i, tio_data_subdata
 /* Path of file `file` of sub-dataset `sub`, relative to the root; NULL if
  * out of range.  Valid while the dataset lives. */
 TIO_API const char *tio_dataset_file_path(const tio_dataset *ds, uint32_t sub, uint32_t file);
+/* Name of the format of file `file` of sub-dataset `sub` ("Megatron",
+ * "llm.c", "Arrow", "JSONL", "Parquet"; "Parquet text" or "Parquet tokens"
+ * once opened); NULL if out of range.  Static. */
+TIO_API const char *tio_dataset_file_format(const tio_dataset *ds, uint32_t sub, uint32_t file);
+/* Where document `doc` of a file is in it: for Parquet, its row group and
+ * the row within it (*unit = row group, *row = row); for JSONL the window
+ * and the document within it; for token files *unit = doc, *row = 0.
+ * Errors: -EINVAL (out of range), those of opening the file. */
+TIO_API int tio_dataset_doc_location(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
+                                     uint64_t *unit, uint64_t *row);
+
+/* Whether Parquet files can be read (the shim libteraio_parquet.so, built
+ * against pyarrow's libparquet, loads); if not, *reason says why (static). */
+TIO_API bool tio_data_parquet_available(const char **reason);
+
 /* Number of documents of one file, or a negative error. */
 TIO_API int64_t tio_dataset_file_docs(const tio_dataset *ds, uint32_t sub, uint32_t file);
 
@@ -189,6 +235,60 @@ TIO_API int tio_dataset_scan_file(tio_dataset *ds, uint32_t sub, uint32_t file, 
  * with TIO_DATA_JSONL_ERROR), -ENOMEM, -EIO.  Thread-safe. */
 TIO_API int tio_dataset_read_doc(tio_dataset *ds, uint32_t sub, uint32_t file, uint64_t doc,
                                  uint32_t **ids, uint64_t *n);
+
+/* ---- writing token files --------------------------------------------------
+ * Megatron MMIDIDX v1, as megatron-core's IndexedDatasetBuilder writes it
+ * with one sequence per document, so Megatron reads the output too. */
+typedef struct tio_mmidx_writer tio_mmidx_writer;
+
+/* Start PREFIX.bin and PREFIX.idx with dtype code 8 (uint16 ids) or 4
+ * (int32).  Both are written to temporary files beside them, renamed into
+ * place by tio_mmidx_writer_finish.  Errors: -EINVAL (dtype), the file
+ * system's -errno naming the file, -ENOMEM.  A writer is used by one thread. */
+TIO_API int tio_mmidx_writer_create(const char *prefix, uint8_t dtype, tio_mmidx_writer **out);
+/* Append one document of `n` ids.  Errors: -ERANGE (an id that does not fit
+ * the dtype, named), -EOVERFLOW (more than 2^31 - 1 ids), -EIO, -ENOMEM. */
+TIO_API int tio_mmidx_writer_add(tio_mmidx_writer *w, const uint32_t *ids, uint64_t n);
+/* Documents and ids written so far. */
+TIO_API void tio_mmidx_writer_counts(const tio_mmidx_writer *w, uint64_t *docs, uint64_t *tokens);
+/* Write the .idx and put both files in place (fsync, rename).  Errors: the
+ * file system's, naming the file; TIO_ESTATE if already finished. */
+TIO_API int tio_mmidx_writer_finish(tio_mmidx_writer *w);
+/* Free the writer; an unfinished one's temporary files are removed. */
+TIO_API void tio_mmidx_writer_destroy(tio_mmidx_writer *w);
+
+/* Progress of an ingest: files finished of all, documents and ids written.
+ * Called after each file and at most every 0.25 s within one, from the
+ * ingest's threads one at a time. */
+typedef void (*tio_data_progress_fn)(void *ctx, uint32_t files_done, uint32_t n_files,
+                                     uint64_t docs, uint64_t tokens);
+
+typedef struct tio_data_ingest_options {
+    const tio_data_tokenizer *tokenizer; /* NULL: bytes */
+    const char *text_field;              /* NULL: "text" */
+    int jsonl_errors;                    /* as tio_dataset_options */
+    uint32_t threads;                    /* files at once; 0: online CPUs (at most 256) */
+    tio_data_progress_fn progress;       /* NULL: none */
+    void *progress_ctx;
+} tio_data_ingest_options;
+
+typedef struct tio_data_ingest_result {
+    uint32_t n_files;
+    uint64_t n_docs, n_tokens;
+    uint8_t dtype;                       /* 8 (uint16) when the vocabulary fits, else 4 */
+} tio_data_ingest_result;
+
+TIO_API void tio_data_ingest_options_default(tio_data_ingest_options *opts);
+
+/* Tokenize every text file (JSONL, Parquet with a text column) under the
+ * dataset root `src` into OUT/<same relative path>.bin/.idx (the text
+ * extension cut), then write OUT/counts.csv ("sub/rel.bin,documents,tokens"
+ * per pair), every file atomically.  OUT is created if missing.
+ * Errors: those of tio_dataset_open on `src`, -EINVAL (a file that is not
+ * text, named), -ENOTDIR (OUT is not a folder), the writer's, the
+ * tokenizer's, each naming the file. */
+TIO_API int tio_data_ingest(const char *src, const char *out, const tio_data_ingest_options *opts,
+                            tio_data_ingest_result *result);
 
 /* ---- loader -------------------------------------------------------------- */
 typedef struct tio_loader_options {
@@ -215,6 +315,13 @@ typedef struct tio_loader_options {
                                 used for a dataset with JSONL files, whose tokens
                                 only the loader's thread holds, tokenized. */
 } tio_loader_options;
+
+/* Limits of the options (tio_loader_create refuses more with -EINVAL). */
+#define TIO_LOADER_MAX_PREFETCH 65536u
+#define TIO_LOADER_MAX_SHUFFLE_BUFFER 1048576u
+#define TIO_LOADER_MAX_LOGICAL_SHARDS 16777216u
+#define TIO_LOADER_MAX_FILL_THREADS 64u
+#define TIO_LOADER_MAX_WEIGHT 1e300
 
 TIO_API void tio_loader_options_default(tio_loader_options *opts);
 
@@ -252,12 +359,16 @@ typedef struct tio_loader tio_loader;
  * changed, the mixing counters are re-based so that the new weights hold from
  * here on.  The resumed position is logged (TIO_LOG_INFO).
  * Errors: -EINVAL (bad options: seq_len 0, world_size 0, rank >= world_size,
- * logical_shards < world_size, negative weight, unknown weight name, all
- * weights 0), -ENODATA (this rank owns no document), TIO_ECORRUPT (state
- * checksum), TIO_EPARSE (malformed state), TIO_EVERSION (state version),
- * TIO_ESTATE (fingerprint mismatch: a state of another dataset or settings;
- * states of different runs; a rank missing or repeated), -ENOMEM, -EAGAIN
- * (thread creation). */
+ * logical_shards < world_size, an option above its TIO_LOADER_MAX_*, a
+ * weight that is not a number in [0, TIO_LOADER_MAX_WEIGHT], an unknown
+ * weight name, all weights 0; ds or opts NULL), -ENODATA (this rank owns no
+ * document), TIO_ECORRUPT (state
+ * checksum), TIO_EPARSE (malformed state: also a shard index given twice
+ * or not this rank's), TIO_EVERSION (state version), TIO_ESTATE
+ * (fingerprint mismatch: a state of another dataset or settings, checked
+ * from the state's header before anything is allocated for it; states of
+ * different runs; a rank missing or repeated), -ENOMEM, -EAGAIN (thread
+ * creation).  On failure *out is NULL and nothing is left allocated. */
 TIO_API int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
                               const void *const *states, const size_t *lens, uint32_t n_states,
                               tio_loader **out);
@@ -265,9 +376,11 @@ TIO_API int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
 TIO_API void tio_loader_destroy(tio_loader *ld);
 
 /* Deliver the next sample into *out (see tio_data_sample for lifetimes).
- * Never ends: shards loop over epochs.  Errors: those of reading a document
- * (TIO_EPARSE naming file and document, -EIO, -ENOMEM); after an error the
- * loader keeps returning it. */
+ * Never ends: shards loop over epochs.  Empty documents are skipped.
+ * Errors: those of reading a document (TIO_EPARSE naming file and document,
+ * -EIO, -ENOMEM), -ENODATA when every document this rank owns of a
+ * sub-dataset turns out empty (after two epochs' worth of empty draws);
+ * after an error the loader keeps returning it. */
 TIO_API int tio_loader_next(tio_loader *ld, const tio_data_sample **out);
 
 /* Serialize this rank's state after the last delivered sample into *buf
@@ -276,7 +389,9 @@ TIO_API int tio_loader_next(tio_loader *ld, const tio_data_sample **out);
 TIO_API int tio_loader_state(tio_loader *ld, void **buf, size_t *len);
 
 /* Write the state atomically (temporary file, fsync, rename) to `path`;
- * after a crash `path` holds either the old or the new state.
+ * after a crash `path` holds either the old or the new state.  The
+ * temporary files that killed saves left beside it (whose flock nobody
+ * holds) are removed first and logged (common/atomic_file.c).
  * Errors: those of tio_loader_state, -errno of the file system (naming the path). */
 TIO_API int tio_loader_save(tio_loader *ld, const char *path);
 
@@ -284,6 +399,20 @@ TIO_API int tio_loader_save(tio_loader *ld, const char *path);
  * header and checksum.
  * Errors: -ENOENT etc. naming the file, TIO_ECORRUPT, TIO_EPARSE, TIO_EVERSION. */
 TIO_API int tio_loader_state_read(const char *path, void **buf, size_t *len);
+
+/* What a state holds, from its bytes alone (header and checksum checked,
+ * the whole state parsed): the settings it was saved with and the position
+ * it names.  Errors: TIO_ECORRUPT, TIO_EPARSE, TIO_EVERSION (as
+ * tio_loader_state_read), each naming what was wrong. */
+typedef struct tio_data_state_info {
+    uint32_t version;
+    uint64_t fingerprint;    /* of the dataset-independent settings (seed, seq_len, ...) */
+    uint32_t rank, world_size, logical_shards, seq_len, shuffle_buffer;
+    uint64_t samples;        /* samples this rank had delivered */
+    uint32_t n_subdatasets;
+} tio_data_state_info;
+
+TIO_API int tio_loader_state_info(const void *buf, size_t len, tio_data_state_info *info);
 
 typedef struct tio_data_position {
     uint32_t epoch;          /* lowest epoch of this rank's shards of the sub-dataset */

@@ -116,9 +116,7 @@ TIO_API const char *tio_sim_strategy_name(tio_sim_strategy s);
 /* Strategy by name; returns 0 or -EINVAL (message lists the names). */
 TIO_API int tio_sim_strategy_parse(const char *name, tio_sim_strategy *out);
 
-enum { TIO_CH_SSD_WRITE = 0, TIO_CH_SSD_READ = 1, TIO_CH_HOST_WRITE = 2, TIO_CH_HOST_READ = 3,
-       TIO_CH_N = 4 };
-
+/* Reports index their channels by TIO_CH_* (plan.h). */
 typedef struct {
     uint64_t iteration_ns;   /* steady-state iteration (the last simulated one) */
     uint64_t ideal_ns;       /* sum of kernel durations (host costs excluded) */
@@ -144,22 +142,149 @@ typedef struct {
  * replayed: the excess is swapped out and back on demand through the SSD
  * channels and counted as stall (overflow_bytes says how much).  Returns 0,
  * -EINVAL (mismatched plan, unpaired offload/prefetch: message says which),
- * -ENOMEM. */
+ * -ERANGE (the simulated time is not below 2^64 ns, 584 years: a bandwidth
+ * far too small for the trace; never a wrapped value), -ENOMEM. */
 TIO_API int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw,
                          const tio_plan *plan, tio_sim_report *out);
 
-/* Run one strategy: plan it if it plans (teraio-alg1: tio_plan_build;
- * teraio: tio_plan_build_fast with its defaults; flashneuron: the fast
- * planner limited to activations and the SSD tier) and replay, or simulate the baseline's own
+/* Run one strategy: plan it if it plans, with tio_plan_build on the
+ * profile's options (tio_hw_plan_options) — teraio: the default options;
+ * teraio-alg1: Algorithm 1's rules (best_tier and planned_stalls off,
+ * synchronous_moves on as for TIO_PLANNER_ALG1) on
+ * the teraio planner, which makes exactly TIO_PLANNER_ALG1's plan in far
+ * less time, so its plan_seconds is not the faithful planner's;
+ * flashneuron: activations only (kind_mask), SSD only, no synchronous
+ * moves — and replay it, or
+ * simulate the baseline's own
  * model (zero-offload, zero-infinity, lru: docs/baselines.md).  If
  * `plan_out` is not NULL and the strategy planned, the plan is handed over
  * (caller destroys it), else *plan_out is NULL.  Returns 0, -EINVAL,
- * TIO_EINFEASIBLE (a kernel alone needs more than the capacity), -ENOMEM. */
+ * TIO_EINFEASIBLE (a kernel alone needs more than the capacity), -ERANGE
+ * (as tio_sim_plan, for every strategy), -ENOMEM. */
 TIO_API int tio_sim_run(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw,
                         tio_sim_strategy strategy, tio_sim_report *out, tio_plan **plan_out);
 
 /* Free the report's arrays (not the struct).  NULL is a no-op. */
 TIO_API void tio_sim_report_free(tio_sim_report *r);
+
+/* ---- fitting a CPU's host costs (sim/calibrate.c) -------------------------
+ *
+ * The CPU demo's simulator check (docs/eval.md): the same job measured
+ * iteration by iteration under three plans in turn — E, an empty plan
+ * (nothing moves); C, a calibration plan; R, the plan whose time the
+ * simulator must predict — plus the disk bandwidth measured through the
+ * engine.  The fit takes this CPU's dispatch time per kernel from E and its
+ * host time per migrated byte from C (sim/calibrate.c has the method), and
+ * simulates R on the fitted profile. */
+typedef struct {
+    const tio_plan *calibration;         /* C, made for the trace */
+    const tio_plan *plan;                /* R, made for the trace */
+    uint64_t calibration_capacity_bytes; /* device budget C ran under */
+    uint64_t capacity_bytes;             /* device budget R ran under */
+    double empty_s, calibration_s;       /* measured mean iteration of E and C, s */
+    double measured_s;                   /* measured mean iteration of R, s */
+    double ssd_read_gbps, ssd_write_gbps;/* measured through the engine, GB/s */
+} tio_sim_calibration;
+
+typedef struct {
+    tio_hw hw;            /* the fitted profile: one disk at the measured
+                             bandwidths, host_overhead_us and
+                             migration_host_ns_per_byte fitted */
+    double kernel_scale;  /* 1, or < 1 where E ran faster than the traced kernels:
+                             kernel times scaled to E (and no dispatch time) */
+    double kernels_s;     /* the trace's kernel time per iteration (unscaled) */
+    double simulated_s;   /* R simulated on hw */
+    double measured_s;    /* R measured (in->measured_s) */
+    double error;         /* |simulated_s - measured_s| / measured_s */
+} tio_sim_fit;
+
+/* Fit and predict as above.  The trace is not modified.  Returns 0;
+ * -EINVAL (missing or mismatched plans, times outside (0, 1e5] s,
+ * bandwidths outside (0, 1e4] GB/s, capacity 0); -ERANGE when no host cost
+ * fits (C measured faster than its simulation without host costs — the
+ * machine's speed changed during the check — or slower than 10 us per
+ * migrated byte explains); the errors of tio_sim_plan; -ENOMEM. */
+TIO_API int tio_sim_fit_host_costs(const tio_trace *trace, const tio_lifetime *lt,
+                                   const tio_sim_calibration *in, tio_sim_fit *out);
+
+/* ---- evaluation suites (sim/suite.c) --------------------------------------
+ *
+ * A suite is a directory holding traces, the hardware profile they were
+ * timed for (hw.conf), and an index, suite.txt, that lists the
+ * configurations to evaluate and published figures to compare with.  The
+ * paper's suite is written by `python -m teraio.paper trace DIR`.  Index
+ * format, one record per line, fields separated by blanks, '#' lines and
+ * blank lines ignored after the first line:
+ *   teraio-suite 1                     the first line (TIO_EVERSION otherwise)
+ *   hw NAME                            the profile's name (required, once)
+ *   config MODEL BATCH SEQ MICRO_BATCH SHARDS REFERENCE_M_PCT TRACE
+ *                                      one configuration: the model, its
+ *                                      global batch and sequence length,
+ *                                      the sequences per micro-batch and the
+ *                                      GPUs the global tensors are sharded
+ *                                      over, as traced; the published peak
+ *                                      memory per GPU in % of its memory; the
+ *                                      trace file inside DIR (no '/')
+ *   reference MODEL STRATEGY FRACTION  a published fraction of ideal, in
+ *                                      [0, 1], of one strategy on one model
+ * Names are 1-31 (TRACE: 1-255) characters of letters, digits and . _ + -;
+ * integers are in [1, 2^32); at most 4096 config and 4096 reference lines;
+ * at least one config. */
+typedef struct {
+    char model[32];
+    uint32_t batch, seq, micro_batch, shards;
+    double reference_m_pct;
+    char trace[256];
+} tio_sim_suite_config;
+
+typedef struct {
+    char model[32];
+    tio_sim_strategy strategy;
+    double fraction_of_ideal;
+} tio_sim_suite_reference;
+
+typedef struct {
+    char hw_name[64];
+    uint32_t n_configs, cap_configs;
+    tio_sim_suite_config *configs;       /* [n_configs] in file order */
+    uint32_t n_references, cap_references;
+    tio_sim_suite_reference *references; /* [n_references] in file order */
+} tio_sim_suite;
+
+/* Parse an index from memory (`len` bytes, need not be NUL-terminated);
+ * `origin` names it in messages.  Returns 0, TIO_EPARSE ("origin:line:
+ * field 'name': expected ..."), TIO_EVERSION, -EINVAL, -ENOMEM. */
+TIO_API int tio_sim_suite_parse(const char *text, size_t len, const char *origin,
+                                tio_sim_suite **out);
+
+/* Read DIR/suite.txt.  Returns as tio_sim_suite_parse, or -errno of the
+ * failed read (the message names the file). */
+TIO_API int tio_sim_suite_load(const char *dir, tio_sim_suite **out);
+
+TIO_API void tio_sim_suite_destroy(tio_sim_suite *suite);
+
+/* One configuration's results: every strategy, indexed by tio_sim_strategy. */
+typedef struct {
+    tio_sim_report rep[TIO_SIM_N_STRATEGIES];
+    double traced_m_pct;   /* the trace's peak memory / hw capacity, % */
+    uint32_t same_as;      /* the first configuration with the same trace file
+                              (its own index if none before it): its results
+                              are copies of that one's */
+} tio_sim_suite_result;
+
+/* Called before each strategy of each simulated configuration. */
+typedef void (*tio_sim_progress_fn)(void *ctx, uint32_t config, const char *strategy);
+
+/* Load each configuration's trace from `dir`, analyse it and run every
+ * strategy (tio_sim_run) on `hw`; a trace named twice is simulated once.
+ * `progress` may be NULL.  *out gets [suite->n_configs] results, freed with
+ * tio_sim_suite_results_free.  Returns 0 or the first error of loading a
+ * trace (the message names the file) or of tio_sim_run. */
+TIO_API int tio_sim_suite_run(const tio_sim_suite *suite, const char *dir, const tio_hw *hw,
+                              tio_sim_progress_fn progress, void *ctx,
+                              tio_sim_suite_result **out);
+
+TIO_API void tio_sim_suite_results_free(tio_sim_suite_result *results, uint32_t n);
 
 #ifdef __cplusplus
 }

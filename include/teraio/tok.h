@@ -12,9 +12,11 @@
  *      (added) token strings are cut out of the text, leftmost first and, at
  *      one position, longest first, and become their ids;
  *   2. pre-tokenization: each remaining stretch of text is cut into pieces by
- *      the encoding's split regex (PCRE2 with JIT, in UTF mode, with `\s` and
- *      `\S` rewritten to Unicode White_Space as the Rust `regex` crate under
- *      tiktoken's `fancy-regex` defines them);
+ *      the encoding's split regex: for the patterns of the built-in
+ *      encodings (also GPT-2's ByteLevel and Llama 3's Split), code written
+ *      for each that finds the same pieces; for any other, PCRE2 with JIT,
+ *      in UTF mode, with `\s` and `\S` rewritten to Unicode White_Space as
+ *      the Rust `regex` crate under tiktoken's `fancy-regex` defines them;
  *   3. BPE: a piece that is itself a token is that token; otherwise it starts
  *      as one token per byte and the adjacent pair with the lowest merge rank
  *      is merged, leftmost first on ties, until no pair can merge.
@@ -189,8 +191,10 @@ TIO_API int tio_tok_token_bytes(const tio_tok *tok, uint32_t id, const void **by
 /* ---- encoding and decoding --------------------------------------------- */
 
 /* Encode `len` bytes of `text` (any bytes; see "Invalid UTF-8" above) into
- * ids[cap].  `special` is one of TIO_TOK_SPECIAL_*.  Every token covers at
- * least one byte, so cap >= len always suffices.  *n_ids receives the count.
+ * ids[cap].  `special` is one of TIO_TOK_SPECIAL_*.  cap >=
+ * tio_tok_max_ids(tok, len) always suffices (len, but for a tokenizer.json
+ * with add_prefix_space).  *n_ids receives the count; entries of ids past
+ * it may have been written.
  * Returns 0; -ENOSPC when cap is too small (ids[] then holds a prefix and
  * *n_ids its length); TIO_EPARSE (a special token under
  * TIO_TOK_SPECIAL_REJECT); -EINVAL (NULL pointer, bad mode); -ENOMEM;
@@ -199,11 +203,19 @@ TIO_API int tio_tok_token_bytes(const tio_tok *tok, uint32_t id, const void **by
 TIO_API int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special,
                            uint32_t *ids, size_t cap, size_t *n_ids);
 
+/* The most ids a text of `len` bytes can encode to: len (every token covers
+ * at least one byte), except with a tokenizer.json whose ByteLevel
+ * pre-tokenizer adds a prefix space to each stretch between added tokens:
+ * len + 1, or 2 * len where an added token has a single byte.  0 for a
+ * NULL tok.  Thread-safe. */
+TIO_API size_t tio_tok_max_ids(const tio_tok *tok, size_t len);
+
 /* Encode n_texts texts on `n_threads` threads (0: one per online CPU;
  * never more threads than texts).  Text i is texts[i][0..lens[i]).  Ids of
  * text i are written to ids[offsets[i] .. offsets[i+1]) (offsets has
- * n_texts + 1 entries, offsets[0] = 0), packed in order.  cap >= sum of
- * lens always suffices.  Texts are handed to threads dynamically, longest
+ * n_texts + 1 entries, offsets[0] = 0), packed in order.  cap >= the sum
+ * of tio_tok_max_ids(tok, lens[i]) always suffices (and is needed: each text
+ * is first encoded at that offset).  Texts are handed to threads dynamically, longest
  * first, so one long text does not hold up the rest and the threads finish
  * together.  Returns 0 or the first error
  * (by text index) of the codes of tio_tok_encode, its message "text I of

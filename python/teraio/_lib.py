@@ -125,11 +125,16 @@ tio_lifetime_analyze = _fn("tio_lifetime_analyze", c_int, TraceP, POINTER(Lifeti
 tio_lifetime_destroy = _fn("tio_lifetime_destroy", None, LifetimeP)
 
 # ---- plan -------------------------------------------------------------------
+PLANNERS = {"teraio": 0, "alg1": 1}
+
+
 class PlanOptions(Structure):
     _c_name = "tio_plan_options"
-    _fields_ = [("capacity_bytes", c_uint64), ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double),
-                ("host_to_device_gbps", c_double), ("device_to_host_gbps", c_double),
-                ("host_cap_bytes", c_uint64)]
+    _fields_ = [("planner", c_int), ("capacity_bytes", c_uint64), ("ssd_read_gbps", c_double),
+                ("ssd_write_gbps", c_double), ("host_to_device_gbps", c_double),
+                ("device_to_host_gbps", c_double), ("host_cap_bytes", c_uint64),
+                ("kind_mask", c_uint32), ("best_tier", c_bool), ("planned_stalls", c_bool),
+                ("synchronous_moves", c_bool)]
 
 
 class Migration(Structure):
@@ -144,7 +149,7 @@ class Plan(Structure):
                 ("n_migrations", c_uint32), ("migrations", POINTER(Migration)),
                 ("planned_memory_bytes", POINTER(c_uint64)), ("planned_peak_bytes", c_uint64),
                 ("peak_host_bytes", c_uint64), ("bytes_to_ssd", c_uint64), ("bytes_to_host", c_uint64),
-                ("fits", c_bool), ("plan_seconds", c_double)]
+                ("fits", c_bool), ("plan_seconds", c_double), ("predicted_stall_ns", c_uint64)]
 
 
 PlanP = POINTER(Plan)
@@ -154,6 +159,38 @@ tio_plan_destroy = _fn("tio_plan_destroy", None, PlanP)
 tio_plan_save = _fn("tio_plan_save", c_int, PlanP, c_char_p)
 tio_plan_load = _fn("tio_plan_load", c_int, c_char_p, POINTER(PlanP))
 tio_plan_check = _fn("tio_plan_check", c_int, PlanP, TraceP, LifetimeP)
+
+# ---- simulator --------------------------------------------------------------
+class Hw(Structure):
+    _c_name = "tio_hw"
+    _fields_ = [("name", ctypes.c_char * 64), ("capacity_bytes", c_uint64),
+                ("pcie_h2d_gbps", c_double), ("pcie_d2h_gbps", c_double), ("ssd_count", c_uint32),
+                ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double),
+                ("ssd_array_read_gbps", c_double), ("ssd_array_write_gbps", c_double),
+                ("ssd_latency_us", c_double), ("host_latency_us", c_double),
+                ("host_cap_bytes", c_uint64), ("cpu_adam_params_per_s", c_double),
+                ("gpu_matmul_tflops", c_double), ("gpu_vector_tflops", c_double),
+                ("gpu_mem_gbps", c_double), ("matmul_efficiency", c_double),
+                ("mem_efficiency", c_double), ("kernel_overhead_us", c_double),
+                ("host_overhead_us", c_double), ("migration_host_ns_per_byte", c_double)]
+
+
+class SimCalibration(Structure):
+    _c_name = "tio_sim_calibration"
+    _fields_ = [("calibration", PlanP), ("plan", PlanP), ("calibration_capacity_bytes", c_uint64),
+                ("capacity_bytes", c_uint64), ("empty_s", c_double), ("calibration_s", c_double),
+                ("measured_s", c_double), ("ssd_read_gbps", c_double), ("ssd_write_gbps", c_double)]
+
+
+class SimFit(Structure):
+    _c_name = "tio_sim_fit"
+    _fields_ = [("hw", Hw), ("kernel_scale", c_double), ("kernels_s", c_double),
+                ("simulated_s", c_double), ("measured_s", c_double), ("error", c_double)]
+
+
+tio_hw_load = _fn("tio_hw_load", c_int, c_char_p, POINTER(Hw))
+tio_sim_fit_host_costs = _fn("tio_sim_fit_host_costs", c_int, TraceP, LifetimeP,
+                             POINTER(SimCalibration), POINTER(SimFit))
 
 # ---- engine -----------------------------------------------------------------
 class EngineOptions(Structure):
@@ -234,6 +271,7 @@ tio_tok_vocab_size = _fn("tio_tok_vocab_size", c_uint32, c_void_p)
 tio_tok_special_id = _fn("tio_tok_special_id", c_int, c_void_p, c_char_p)
 tio_tok_encode = _fn("tio_tok_encode", c_int, c_void_p, c_char_p, c_size_t, c_int, POINTER(c_uint32),
                      c_size_t, POINTER(c_size_t))
+tio_tok_max_ids = _fn("tio_tok_max_ids", c_size_t, c_void_p, c_size_t)
 tio_tok_encode_batch = _fn("tio_tok_encode_batch", c_int, c_void_p, POINTER(c_char_p), POINTER(c_size_t),
                            c_size_t, c_int, c_uint, POINTER(c_uint32), c_size_t, POINTER(c_size_t))
 tio_tok_decode = _fn("tio_tok_decode", c_int, c_void_p, POINTER(c_uint32), c_size_t, c_char_p, c_size_t,
@@ -250,7 +288,8 @@ class DataTokenizer(Structure):
 class DatasetOptions(Structure):
     _c_name = "tio_dataset_options"
     _fields_ = [("tokenizer", POINTER(DataTokenizer)), ("text_field", c_char_p), ("jsonl_errors", c_int),
-                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32)]
+                ("llmc_delimiter", c_int64), ("tokenizer_threads", c_uint32),
+                ("max_line_bytes", c_uint64), ("cache_bytes", c_uint64)]
 
 
 class LoaderOptions(Structure):
@@ -278,7 +317,7 @@ class DataSample(Structure):
 class SubdatasetInfo(Structure):
     _c_name = "tio_data_subdataset_info"
     _fields_ = [("name", c_char_p), ("n_files", c_uint32), ("n_docs", c_uint64), ("bytes", c_uint64),
-                ("n_tokens", c_uint64), ("lines_skipped", c_uint64)]
+                ("n_tokens", c_uint64), ("lines_skipped", c_uint64), ("n_empty_docs", c_uint64)]
 
 
 class DataPosition(Structure):
@@ -305,6 +344,10 @@ tio_loader_state = _fn("tio_loader_state", c_int, c_void_p, POINTER(c_void_p), P
 tio_loader_save = _fn("tio_loader_save", c_int, c_void_p, c_char_p)
 tio_loader_state_read = _fn("tio_loader_state_read", c_int, c_char_p, POINTER(c_void_p), POINTER(c_size_t))
 tio_loader_position = _fn("tio_loader_position", c_int, c_void_p, c_uint32, POINTER(DataPosition))
+tio_dataset_file_format = _fn("tio_dataset_file_format", c_char_p, c_void_p, c_uint32, c_uint32)
+tio_dataset_doc_location = _fn("tio_dataset_doc_location", c_int, c_void_p, c_uint32, c_uint32,
+                               c_uint64, POINTER(c_uint64), POINTER(c_uint64))
+tio_data_parquet_available = _fn("tio_data_parquet_available", c_bool, POINTER(c_char_p))
 
 
 def version() -> str:

@@ -126,13 +126,28 @@ class Plan:
 
     @classmethod
     def build(cls, trace: Trace, lifetime: Lifetime, capacity_bytes: int, ssd_read_gbps: float,
-              ssd_write_gbps: float, host_cap_bytes: int = 0) -> "Plan":
+              ssd_write_gbps: float, host_cap_bytes: int = 0, planner: str = "teraio",
+              host_to_device_gbps: float = 0.0, device_to_host_gbps: float = 0.0,
+              synchronous_moves: bool = True) -> "Plan":
+        """tio_plan_build: ``planner`` is "teraio" (the default, fast planner)
+        or "alg1" (TERAIO's Algorithm 1 as published, about cubic in the
+        kernel count); host channel bandwidths of 0 mean "as the SSD's".
+        With ``synchronous_moves`` (the default) the plan fits whenever the
+        capacity is at least the working-set floor (``Lifetime.max_active_bytes``),
+        accepting stalls (``predicted_stall_ns``) where bandwidth cannot
+        hide a move."""
+        if planner not in L.PLANNERS:
+            raise ValueError(f"planner must be one of {sorted(L.PLANNERS)}, got {planner!r}")
         opt = L.PlanOptions()
         L.tio_plan_options_default(ctypes.byref(opt))
+        opt.planner = L.PLANNERS[planner]
         opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
         opt.ssd_read_gbps = ssd_read_gbps
         opt.ssd_write_gbps = ssd_write_gbps
+        opt.host_to_device_gbps = host_to_device_gbps
+        opt.device_to_host_gbps = device_to_host_gbps
         opt.host_cap_bytes = _u64("host_cap_bytes", host_cap_bytes)
+        opt.synchronous_moves = bool(synchronous_moves)
         p = L.PlanP()
         L.check(L.tio_plan_build(trace._p, lifetime._p, ctypes.byref(opt), ctypes.byref(p)))
         return cls(p, trace)
@@ -150,7 +165,7 @@ class Plan:
 
     def __getattr__(self, name):
         if name in ("n_migrations", "capacity_bytes", "planned_peak_bytes", "bytes_to_ssd", "bytes_to_host",
-                    "fits", "plan_seconds", "n_kernels", "peak_host_bytes"):
+                    "fits", "plan_seconds", "n_kernels", "peak_host_bytes", "predicted_stall_ns"):
             return getattr(self._p.contents, name)
         raise AttributeError(name)
 
@@ -172,6 +187,40 @@ class Plan:
         if getattr(self, "_p", None):
             L.tio_plan_destroy(self._p)
             self._p = None
+
+
+def fit_host_costs(trace: Trace, lifetime: Lifetime, calibration: Plan, plan: Plan, *,
+                   calibration_capacity_bytes: int, capacity_bytes: int, empty_s: float,
+                   calibration_s: float, measured_s: float, ssd_read_gbps: float,
+                   ssd_write_gbps: float) -> dict:
+    """tio_sim_fit_host_costs (include/teraio/sim.h): this CPU's dispatch time
+    per kernel and host time per migrated byte, fitted to the measured
+    iterations of an empty plan (``empty_s``) and of ``calibration``
+    (``calibration_s``), and ``plan``'s iteration simulated with them beside
+    its measured ``measured_s``.  Raises TeraioError where no fit exists."""
+    cal = L.SimCalibration(calibration=calibration._p, plan=plan._p,
+                           calibration_capacity_bytes=_u64("calibration_capacity_bytes",
+                                                           calibration_capacity_bytes, 1),
+                           capacity_bytes=_u64("capacity_bytes", capacity_bytes, 1),
+                           empty_s=empty_s, calibration_s=calibration_s, measured_s=measured_s,
+                           ssd_read_gbps=ssd_read_gbps, ssd_write_gbps=ssd_write_gbps)
+    fit = L.SimFit()
+    L.check(L.tio_sim_fit_host_costs(trace._p, lifetime._p, ctypes.byref(cal), ctypes.byref(fit)))
+    return {"simulated_s": fit.simulated_s, "measured_s": fit.measured_s,
+            "sim_vs_measured_error": fit.error, "host_overhead_us": fit.hw.host_overhead_us,
+            "migration_host_ns_per_byte": fit.hw.migration_host_ns_per_byte,
+            "empty_plan_s": empty_s, "calibration_plan_s": calibration_s,
+            "kernels_s": fit.kernels_s, "kernel_scale": fit.kernel_scale,
+            "n_kernels": trace.n_kernels}
+
+
+def load_hw(path: str) -> dict:
+    """A hardware profile (hw/*.conf, format in include/teraio/sim.h) read by
+    tio_hw_load, as a dict of its fields."""
+    hw = L.Hw()
+    L.check(L.tio_hw_load(os.fsencode(path), ctypes.byref(hw)))
+    return {name: (getattr(hw, name).decode() if name == "name" else getattr(hw, name))
+            for name, _ in L.Hw._fields_}
 
 
 BACKENDS = {"auto": 0, "io_uring": 1, "psync": 2}

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
+import operator
 import os
+import threading
 from ctypes import POINTER, byref, c_char_p, c_double, c_size_t, c_void_p
 from pathlib import Path
 
@@ -41,6 +44,39 @@ def _copy_u32(ptr, n):
     return t.view(torch.uint32)
 
 
+def _int(name, value, lo, hi):
+    """value as an int in [lo, hi], else ValueError naming the parameter: every integer
+    that crosses ctypes into a fixed-width C field goes through here (ctypes would wrap
+    2**32 + 16 to 16 without a word)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if isinstance(value, bool) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return v
+
+
+_U32, _U64 = 2**32 - 1, 2**64 - 1
+
+
+def _weight(name, value):
+    try:
+        w = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"weight of {name!r} must be a number, got {value!r}") from None
+    if not (math.isfinite(w) and 0 <= w <= 1e300):
+        raise ValueError(f"weight of {name!r} is {value!r}: it must be a number from 0 to 1e300")
+    return w
+
+
+def parquet_available():
+    """(True, "") when Parquet files can be read, else (False, the reason)."""
+    why = c_char_p()
+    ok = L.tio_data_parquet_available(byref(why))
+    return bool(ok), (why.value or b"").decode()
+
+
 def state_file(directory, rank: int) -> Path:
     """The state file of `rank` inside a checkpoint directory."""
     return Path(directory) / f"loader-rank{rank:05d}.state"
@@ -61,12 +97,16 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     ``rank``/``world_size`` default to torchrun's ``RANK``/``WORLD_SIZE``, or to the
     ``mesh_dim`` dimension of ``device_mesh``.  The stream never ends (epochs loop).
 
-    JSONL text is tokenized by ``tokenizer``: ``"bytes"`` (default), a built-in BPE
-    encoding (``"cl100k_base"``, ...; rank files looked up in ``tokenizers_dir`` or
-    ``TERAIO_TOKENIZERS_DIR``) or the path of a Hugging Face ``tokenizer.json``; its name
-    enters the state fingerprint.  Each JSONL file is tokenized on ``tokenizer_threads``
-    threads (0: up to 4) when first read.  ``fill_threads`` threads read the tokens of
-    prefetched samples (None: the library's default, 2 on machines of 8 or more CPUs).
+    Text (JSONL, Parquet text columns) is tokenized by ``tokenizer``: ``"bytes"``
+    (default), a built-in BPE encoding (``"cl100k_base"``, ...; rank files looked up in
+    ``tokenizers_dir`` or ``TERAIO_TOKENIZERS_DIR``) or the path of a Hugging Face
+    ``tokenizer.json``; its name enters the state fingerprint.  Text is tokenized on
+    ``tokenizer_threads`` threads (0: up to 4) window by window (about 8 MiB of a JSONL
+    file, a Parquet row group) as it is read.  A JSONL line or Parquet text value longer
+    than ``max_line_bytes`` (None: 64 MiB) is an error naming file and line; each reader
+    keeps decoded windows up to ``cache_bytes`` (None: 256 MiB).  ``fill_threads``
+    threads read the tokens of prefetched samples (None: the library's default, 2 on
+    machines of 8 or more CPUs).
 
     torch DataLoader workers are refused (``num_workers`` must be 0): the loader already
     reads, tokenizes and packs in its own C threads, a C thread does not survive the
@@ -78,7 +118,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                  weights=None, provenance=False, shuffle_buffer=64, eos_id=0, bos_id=None,
                  prefetch=8, text_field="text", skip_bad_lines=False, device_mesh=None,
                  mesh_dim=None, tokenizer="bytes", tokenizers_dir=None, tokenizer_threads=0,
-                 fill_threads=None):
+                 fill_threads=None, max_line_bytes=None, cache_bytes=None):
         super().__init__()
         if device_mesh is not None and (rank is None or world_size is None):
             rank, world_size = _mesh_dp(device_mesh, mesh_dim)
@@ -87,9 +127,30 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if world_size is None:
             world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.root = str(root)
-        self.seq_len = int(seq_len)
-        self.rank, self.world_size = int(rank), int(world_size)
+        self.seq_len = _int("seq_len", seq_len, 1, _U32 - 2)
+        self.world_size = _int("world_size", world_size, 1, _U32)
+        self.rank = _int("rank", rank, 0, self.world_size - 1)
+        seed = _int("seed", seed, 0, _U64)
+        logical_shards = _int("logical_shards", logical_shards, 1, _U32)
+        shuffle_buffer = _int("shuffle_buffer", shuffle_buffer, 0, _U32)
+        eos_id = _int("eos_id", eos_id, 0, _U32)
+        prefetch = _int("prefetch", prefetch, 0, _U32)
+        tokenizer_threads = _int("tokenizer_threads", tokenizer_threads, 0, _U32)
+        if bos_id is not None:
+            bos_id = _int("bos_id", bos_id, 0, _U32)
+        if fill_threads is not None:
+            fill_threads = _int("fill_threads", fill_threads, 0, _U32)
+        if max_line_bytes is not None:
+            max_line_bytes = _int("max_line_bytes", max_line_bytes, 1, _U64)
+        if cache_bytes is not None:
+            cache_bytes = _int("cache_bytes", cache_bytes, 1, _U64)
+        weights = {str(k): _weight(k, v) for k, v in dict(weights or {}).items()}
         self.provenance = provenance
+        # One lock around every use of the C loader, which one thread at a time may use:
+        # two threads iterating the same dataset share one stream, each sample going to
+        # exactly one of them.
+        self._lock = threading.RLock()
+        self._closed = False
         self._states = None
         self._loader = None
         self._ds = None
@@ -107,6 +168,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._text_field = text_field.encode()
         dopts.text_field = self._text_field
         dopts.jsonl_errors = 1 if skip_bad_lines else 0
+        if max_line_bytes is not None:
+            dopts.max_line_bytes = max_line_bytes
+        if cache_bytes is not None:
+            dopts.cache_bytes = cache_bytes
         ds = c_void_p()
         check(L.tio_dataset_open(self.root.encode(), byref(dopts), byref(ds)))
         self._ds = ds
@@ -124,7 +189,6 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             o.bos, o.bos_id = True, bos_id
         if fill_threads is not None:
             o.fill_threads = int(fill_threads)
-        weights = dict(weights or {})
         self._wnames = (c_char_p * max(1, len(weights)))(*[k.encode() for k in weights])
         self._wvals = (c_double * max(1, len(weights)))(*[float(v) for v in weights.values()])
         o.n_weights = len(weights)
@@ -150,19 +214,36 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             self._loader = None
 
     def close(self):
-        self._destroy_loader()
-        if getattr(self, "_ds", None):
-            L.tio_dataset_destroy(self._ds)
-            self._ds = None
-        if getattr(self, "_tok", None):
-            L.tio_data_tokenizer_close(self._tok)
-            self._tok = None
+        """Stop the loader's threads and free everything; every method raises after."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:   # __init__ failed before the lock existed
+            return
+        with lock:
+            self._closed = True
+            self._destroy_loader()
+            if getattr(self, "_ds", None):
+                L.tio_dataset_destroy(self._ds)
+                self._ds = None
+            if getattr(self, "_tok", None):
+                L.tio_data_tokenizer_close(self._tok)
+                self._tok = None
 
     def __del__(self):
         try:
             self.close()
         except Exception:
             pass
+
+    def _check_open(self):
+        if self._closed or not self._ds:
+            raise RuntimeError("StreamingDataset is closed")
+
+    def _live_loader(self):
+        """The C loader, created on first use (under the lock); RuntimeError once closed."""
+        self._check_open()
+        if self._loader is None:
+            self._create(self._states or [])
+        return self._loader
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self):
@@ -171,17 +252,23 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                                "own C threads: use DataLoader(num_workers=0) (a worker process "
                                "would neither keep those threads nor report its position to "
                                "the main process's state_dict)")
-        if self._loader is None:
-            self._create(self._states or [])
-            self._log_position("resumed" if self._states else "starts")
+        with self._lock:
+            fresh = self._loader is None
+            self._live_loader()
+            if fresh:
+                self._log_position("resumed" if self._states else "starts")
         return self
 
     def __next__(self):
-        if self._loader is None:
-            iter(self)
+        with self._lock:
+            if self._loader is None:
+                iter(self)
+            return self._next_sample()
+
+    def _next_sample(self):
         self._started = True
         sp = POINTER(L.DataSample)()
-        check(L.tio_loader_next(self._loader, byref(sp)))
+        check(L.tio_loader_next(self._live_loader(), byref(sp)))
         s = sp.contents
         n = s.seq_len
         toks = _copy_u32(s.tokens, n + 1).to(torch.int64)   # ids up to 2^32 - 1
@@ -198,34 +285,37 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     def state_dict(self):
         """This rank's state (after the last sample delivered) as ``{"rank", "world_size",
         "state": bytes}``."""
-        if self._loader is None:
-            self._create(self._states or [])
-        buf, n = c_void_p(), c_size_t()
-        check(L.tio_loader_state(self._loader, byref(buf), byref(n)))
-        return {"rank": self.rank, "world_size": self.world_size, "state": _take(buf, n)}
+        with self._lock:
+            buf, n = c_void_p(), c_size_t()
+            check(L.tio_loader_state(self._live_loader(), byref(buf), byref(n)))
+            return {"rank": self.rank, "world_size": self.world_size, "state": _take(buf, n)}
 
     def load_state_dict(self, state):
         """Load this rank's state, or a list of the states of every rank of an earlier run
         (any world size).  Not allowed once a sample has been delivered."""
-        if self._started:
-            raise RuntimeError("load_state_dict() after a sample was delivered: the state would be "
-                               "ignored; load it before the first sample")
-        states = state if isinstance(state, (list, tuple)) else [state]
-        raw = [s["state"] if isinstance(s, dict) else bytes(s) for s in states]
-        self._destroy_loader()
-        self._create(raw)  # validates now: a bad state fails here, loudly
-        self._states = raw
-        self._log_position("resumed")
+        with self._lock:
+            self._check_open()
+            if self._started:
+                raise RuntimeError("load_state_dict() after a sample was delivered: the state "
+                                   "would be ignored; load it before the first sample")
+            states = state if isinstance(state, (list, tuple)) else [state]
+            raw = [s["state"] if isinstance(s, dict) else bytes(s) for s in states]
+            self._destroy_loader()
+            self._create(raw)  # validates now: a bad state fails here, loudly
+            self._states = raw
+            self._log_position("resumed")
 
     def save(self, directory):
         """Write this rank's state atomically to ``directory/loader-rankNNNNN.state``."""
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        if self._loader is None:
-            self._create(self._states or [])
-        check(L.tio_loader_save(self._loader, str(state_file(directory, self.rank)).encode()))
+        with self._lock:
+            ld = self._live_loader()
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            check(L.tio_loader_save(ld, str(state_file(directory, self.rank)).encode()))
 
     def resume(self, directory):
         """Load the states saved by every rank of an earlier run into this rank."""
+        with self._lock:
+            self._check_open()
         files = sorted(Path(directory).glob("loader-rank*.state"))
         if not files:
             raise TeraioError(-2, f"{directory}: no loader-rank*.state files")
@@ -238,15 +328,43 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     def position(self):
         """Per sub-dataset: epoch, documents consumed/total on this rank, tokens packed."""
-        if self._loader is None:
-            self._create(self._states or [])
-        out = {}
-        for i, name in enumerate(self.subdatasets):
-            p = L.DataPosition()
-            check(L.tio_loader_position(self._loader, i, byref(p)))
-            out[name] = {"epoch": p.epoch, "docs_consumed": p.docs_consumed,
-                         "docs_total": p.docs_total, "tokens_packed": p.tokens_packed}
-        return out
+        with self._lock:
+            ld = self._live_loader()
+            out = {}
+            for i, name in enumerate(self.subdatasets):
+                p = L.DataPosition()
+                check(L.tio_loader_position(ld, i, byref(p)))
+                out[name] = {"epoch": p.epoch, "docs_consumed": p.docs_consumed,
+                             "docs_total": p.docs_total, "tokens_packed": p.tokens_packed}
+            return out
+
+    def subdataset_info(self, name):
+        """What the dataset knows of sub-dataset `name`: files, documents, tokens (token
+        files), bytes, lines_skipped (bad text documents read as empty with
+        skip_bad_lines) and empty_documents (skipped by the loader; text files counted
+        as they are tokenized)."""
+        with self._lock:
+            self._check_open()
+            info = L.SubdatasetInfo()
+            check(L.tio_dataset_info(self._ds, self.subdatasets.index(name), byref(info)))
+            return {"files": info.n_files, "documents": info.n_docs, "tokens": info.n_tokens,
+                    "bytes": info.bytes, "lines_skipped": info.lines_skipped,
+                    "empty_documents": info.n_empty_docs}
+
+    def locate(self, subdataset, file, doc):
+        """Where the document of a provenance row (its sub-dataset, file and document
+        columns) is: ``{"path", "format", "unit", "row"}``, the path relative to the root;
+        for Parquet ``unit`` is the row group and ``row`` the row within it."""
+        with self._lock:
+            self._check_open()
+            sub = _int("subdataset", subdataset, 0, _U32)
+            f = _int("file", file, 0, _U32)
+            unit, row = ctypes.c_uint64(), ctypes.c_uint64()
+            check(L.tio_dataset_doc_location(self._ds, sub, f, _int("doc", doc, 0, _U64),
+                                             byref(unit), byref(row)))
+            return {"path": L.tio_dataset_file_path(self._ds, sub, f).decode(),
+                    "format": L.tio_dataset_file_format(self._ds, sub, f).decode(),
+                    "unit": unit.value, "row": row.value}
 
     def _log_position(self, what):
         for name, p in self.position().items():

@@ -12,9 +12,9 @@ memory can be measured apart:
   tensors to files under build/demo/ssd (or --ssd DIR ...) and back.
 * run V — the simulator check (skipped with --validate-iterations 0): the
   same job under an empty plan, a calibration plan and run B's plan in
-  turn; `teraio eval demo` fits this CPU's host costs to the first two and
-  compares the simulated iteration time of the third with the measured one
-  (docs/eval.md).
+  turn; teraio.core.fit_host_costs (tio_sim_fit_host_costs) fits this CPU's
+  host costs to the first two and compares the simulated iteration time of
+  the third with the measured one (docs/eval.md).
 
 The model is a Llama-style decoder (teraio.models.llama) trained with AdamW
 from a fixed random initialisation on byte-level tokens of the Python
@@ -241,14 +241,15 @@ def run_b(args) -> dict:
 
 
 def run_v(args) -> dict:
-    """The simulator check (teraio eval demo): the same job, profiled, then
+    """The simulator check: the same job, profiled, then
     iterations under three plans in turn, each under a fresh OffloadRuntime:
     E (empty plan: nothing moves), C (a calibration plan for a capacity of
     --validate-capacity-fraction of the peak) and R (the plan of run B's
     settings).  Taking the three in turn, iteration by iteration, lets the
     slow and fast spells of a shared machine fall on all three alike.  E and
     C calibrate the host costs of this CPU (dispatch per kernel, host work
-    per migrated byte); R's time is what the simulator must predict."""
+    per migrated byte); R's time is what the simulator must predict
+    (fit_host_costs, in-process)."""
     import copy
     from .core import Lifetime
     from .torch import OffloadRuntime, Profiler
@@ -288,35 +289,21 @@ def run_v(args) -> dict:
         finally:
             rt.close()
     mean = lambda xs: sum(xs) / len(xs)
-    return {"iterations_per_plan": n // 3, "capacity_cal_bytes": cal_capacity,
+    from ._lib import TeraioError
+    from .core import fit_host_costs
+    try:
+        check = fit_host_costs(trace, lt, plans["C"], plans["R"], calibration_capacity_bytes=cal_capacity,
+                               capacity_bytes=args.capacity_bytes, empty_s=mean(times["E"]),
+                               calibration_s=mean(times["C"]), measured_s=mean(times["R"]),
+                               ssd_read_gbps=read_gbps, ssd_write_gbps=write_gbps)
+    except TeraioError as e:
+        check = {"error": str(e)}
+    return {"iterations_per_plan": n // 3, "capacity_cal_bytes": cal_capacity, "sim_check": check,
             "capacity_bytes": args.capacity_bytes,
             "iter_time_empty_s": mean(times["E"]), "iter_time_cal_s": mean(times["C"]),
             "iter_time_offload_s": mean(times["R"]), "times": times,
             "bytes_moved_cal": mean(moved["C"]), "bytes_moved_offload": mean(moved["R"]),
             "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps}
-
-
-def teraio_bin() -> str | None:
-    """The teraio command: $TERAIO_BIN, the build tree's, or on PATH."""
-    import shutil
-    env = os.environ.get("TERAIO_BIN")
-    if env:
-        return env
-    built = Path(__file__).resolve().parents[2] / "build" / "bin" / "teraio"
-    return str(built) if built.exists() else shutil.which("teraio")
-
-
-def sim_check(summary_path: str) -> dict | None:
-    """`teraio eval demo SUMMARY --json`, or None where the command is
-    missing or fails (its message is shown)."""
-    exe = teraio_bin()
-    if not exe:
-        return None
-    r = subprocess.run([exe, "eval", "demo", summary_path, "--json"], capture_output=True, text=True)
-    if r.returncode != 0:
-        say(f"  simulator check                 {r.stderr.strip()}")
-        return None
-    return json.loads(r.stdout)
 
 
 # ----------------------------------------------------------------- parent ---
@@ -424,11 +411,13 @@ def parent(args) -> int:
         f"(backend {b['backend']}, SSD {b['ssd_write_gbps']:.2f} GB/s write, {b['ssd_read_gbps']:.2f} GB/s read)")
     say(f"  losses identical                {identical} over {n} iterations "
         f"(first {a['losses'][0]:.4f}, last {a['losses'][-1]:.4f})")
-    check = sim_check(os.path.join(args.out, "summary.json")) if v else None
-    if check:
+    check = v["sim_check"] if v else None
+    if check and "error" in check:
+        say(f"  simulator check                 {check['error']}")
+    elif check:
         say(f"  simulator check                 simulated {check['simulated_s']:.3f} s, measured "
             f"{check['measured_s']:.3f} s per offloaded iteration ({100 * check['sim_vs_measured_error']:.1f}% "
-            f"off; teraio eval demo)")
+            f"off; host costs fitted in-process)")
     say(f"  wrote {os.path.join(args.out, 'summary.json')} and {os.path.join(args.out, 'memory.svg')}")
     return 0 if identical else 1
 

@@ -128,7 +128,7 @@ class Tokenizer:
     def encode(self, text: str | bytes, special: int = SPECIAL_TEXT) -> list[int]:
         """Ids of ``text`` (str: its UTF-8; bytes: as given, any bytes)."""
         data = _as_bytes(text)
-        cap = max(1, len(data))
+        cap = max(1, L.tio_tok_max_ids(self._h, len(data)))
         out, view = self._buffer(cap)
         n = c_size_t()
         check(L.tio_tok_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
@@ -144,7 +144,7 @@ class Tokenizer:
         n = len(data)
         ptrs = (c_char_p * max(1, n))(*data)
         lens = (c_size_t * max(1, n))(*[len(d) for d in data])
-        cap = max(1, sum(len(d) for d in data))
+        cap = max(1, sum(L.tio_tok_max_ids(self._h, len(d)) for d in data))
         # The reused buffer's pages are already mapped: a fresh one would be
         # faulted in by the encoding threads, which serialise on the kernel.
         if cap <= _KEEP_IDS:

@@ -27,6 +27,7 @@ typedef struct {
     char how[512];     /* one sentence for the report */
     bool huge;         /* fio gets huge pages */
     long saved_pages;  /* vm.nr_hugepages before the run; -1: not changed */
+    long need_pages;   /* huge pages fio's buffers take */
 } bench_hugemem;
 
 /* Arrange `bytes` of huge-page memory for fio: pages already free; else
@@ -44,7 +45,7 @@ typedef struct {
     uint32_t qd;
     bool write, random;
     bool best;              /* registered buffers and files, h's memory */
-    const bench_hugemem *h;
+    bench_hugemem *h;       /* topped up when another process took its pages */
 } bench_fio_job;
 
 /* Run fio once.  Returns 0 with *out filled, or an exit status after

@@ -8,6 +8,7 @@
 #define TERAIO_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdbool.h>
 
 #include "common/util.h"
@@ -20,6 +21,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_data(int argc, char **argv);
+int cmd_data_bench(int argc, char **argv); /* teraio data bench (cmd_data_bench.c) */
 
 /* Print "teraio <cmd>: <message>" on stderr; returns exit status 1. */
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -42,6 +44,13 @@ bool cli_parse_bytes(const char *s, uint64_t *out);
 /* Parse a finite positive decimal number (same syntax as the number part
  * of cli_parse_bytes). */
 bool cli_parse_positive(const char *s, double *out);
+
+/* Write `s` as a JSON string (quotes, backslashes, control characters
+ * escaped; bytes that are not UTF-8 become U+FFFD, so the output parses). */
+void cli_json_string(FILE *f, const char *s);
+
+/* Parse a decimal integer in [lo, hi] (digits only, no sign or blanks). */
+bool cli_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
 
 /* Byte counts are printed with tio_format_bytes (common/util.h). */
 

@@ -43,43 +43,6 @@ static void usage(FILE *f)
 /* A usage mistake: one line on stderr, exit status 2. */
 #define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
-/* Length of the well-formed UTF-8 sequence at p (1 to 4), 0 if it is not
- * one (stray continuation byte, overlong form, surrogate, above U+10FFFF). */
-static int utf8_length(const unsigned char *p)
-{
-    int n = p[0] < 0x80 ? 1 : p[0] < 0xc2 ? 0 : p[0] < 0xe0 ? 2 : p[0] < 0xf0 ? 3 : p[0] < 0xf5 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-    if ((n == 3 && ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0))) ||
-        (n == 4 && ((p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] >= 0x90))))
-        return 0;
-    return n;
-}
-
-/* A JSON string; bytes that are not UTF-8 (a trace's model text may hold
- * any) become U+FFFD, so the output always parses. */
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        int n = utf8_length(p);
-        if (n == 0) {
-            fputs("\\ufffd", f);
-            p++;
-            continue;
-        }
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fwrite(p, 1, (size_t)n, f);
-        p += n;
-    }
-    fputc('"', f);
-}
-
 static uint32_t count_global(const tio_trace *trace)
 {
     uint32_t n = 0;
@@ -98,10 +61,10 @@ static void print_json(const analyze_options *o, const tio_trace *trace, const t
                        const tio_lifetime_stats *st)
 {
     printf("{\"trace\": ");
-    json_string(stdout, o->path);
+    cli_json_string(stdout, o->path);
     printf(", \"model\": ");
     if (trace->model)
-        json_string(stdout, trace->model);
+        cli_json_string(stdout, trace->model);
     else
         printf("null");
     printf(", \"kernels\": %u, \"tensors\": %u, \"global_tensors\": %u, \"accesses\": %u",

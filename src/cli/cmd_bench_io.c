@@ -104,19 +104,6 @@ static void progress(const char *fmt, ...)
     fflush(stderr);
 }
 
-static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
-{
-    char *end;
-    if (!s || *s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 static int parse_passes(const char *v, uint32_t *out)
 {
     *out = 0;
@@ -167,13 +154,13 @@ static int parse_args(int argc, char **argv, bench_args *a)
             if (!cli_parse_bytes(v, &a->bs) || a->bs == 0 || a->bs % 4096 || a->bs > (1u << 30))
                 return usage_error("--bs '%s': expected a multiple of 4096 up to 1GiB", v);
         } else if (!strcmp(o, "--qd")) {
-            if (parse_u32(v, 1, 4096, &a->qd))
+            if (!cli_parse_u32(v, 1, 4096, &a->qd))
                 return usage_error("--qd '%s': expected an integer from 1 to 4096", v);
         } else if (!strcmp(o, "--passes")) {
             if (parse_passes(v, &a->passes))
                 return usage_error("--passes '%s': expected a comma-separated subset of "
                                    "seq,rand,stripe", v);
-        } else if (parse_u32(v, 1, MAX_RUNS, &a->runs)) {
+        } else if (!cli_parse_u32(v, 1, MAX_RUNS, &a->runs)) {
             return usage_error("--runs '%s': expected an integer from 1 to %d", v, MAX_RUNS);
         }
     }

@@ -1,9 +1,10 @@
 /*
  * cli/cmd_plan.c — `teraio plan`: trace -> lifetime analysis -> plan file.
  *
- * Runs planner v1 (TERAIO's Algorithm 1) and always writes the plan it got
- * to, even when that plan cannot bring the planned peak down to the
- * capacity: the file is still useful to inspect and simulate.  The exit
+ * Runs the planner --planner names (teraio, the default, or alg1, the
+ * faithful Algorithm 1) and always writes the plan it got to, even when
+ * that plan cannot bring the planned peak down to the capacity: the file
+ * is still useful to inspect and simulate.  The exit
  * status says whether it fits, so scripts can rely on it:
  *   0  plan written and it fits the capacity;
  *   1  plan written but does not fit (one warning line on stderr), or the
@@ -11,6 +12,7 @@
  *   2  usage error (missing option, malformed number).
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,32 +28,60 @@ static void plan_usage(FILE *f)
         "usage: teraio plan TRACE --capacity BYTES [options] -o PLAN\n"
         "\n"
         "Plan which tensors to offload to SSD or host memory, and when, so that\n"
-        "the memory every kernel needs stays within BYTES (TERAIO's Algorithm 1).\n"
+        "the memory every kernel needs stays within BYTES.\n"
         "\n"
-        "  --capacity BYTES         device memory budget (required), e.g. 80G, 500MB\n"
+        "  --capacity BYTES         device memory budget (required unless --hw), e.g. 80G\n"
+        "  --hw PROFILE             take capacity, bandwidths and host cap from a hardware\n"
+        "                           profile (hw/*.conf); the options below override it\n"
+        "  --planner teraio|alg1    teraio (default): the fast planner; alg1: TERAIO's\n"
+        "                           Algorithm 1 as published, the reference, whose time\n"
+        "                           grows about cubically with the kernel count\n"
+        "                           (Llama3-8B, 6k kernels: ~13 s; Llama3-70B: minutes)\n"
         "  --ssd-read-gbps R        SSD read bandwidth in GB/s (default 2.0)\n"
         "  --ssd-write-gbps W       SSD write bandwidth in GB/s (default 1.5)\n"
         "  --host-to-device-gbps R  host tier read bandwidth (default: as SSD read)\n"
         "  --device-to-host-gbps W  host tier write bandwidth (default: as SSD write)\n"
         "  --host-cap BYTES         host memory the plan may use (default 0: none)\n"
+        "  --no-synchronous-moves   leave memory above the capacity where no bandwidth can\n"
+        "                           hide a move (Algorithm 1 as DESIGN.md words it),\n"
+        "                           instead of moving tensors synchronously (a predicted\n"
+        "                           stall) so that the plan fits\n"
         "  -o, --output PLAN        plan file to write (required)\n"
         "  -h, --help               show this help\n"
         "\n"
         "BYTES takes K/M/G/T (powers of 1024) or KB/MB/GB/TB (powers of 1000).\n"
         "Exit status: 0 the plan fits the capacity; 1 the plan was written but its\n"
-        "planned peak is above the capacity (a warning says so), or an error\n"
-        "(unreadable trace, capacity below a single kernel's need); 2 bad usage.\n");
+        "planned peak is above the capacity (a warning says so; only with\n"
+        "--no-synchronous-moves), or an error (unreadable trace, capacity below a\n"
+        "single kernel's need: the working-set floor); 2 bad usage.\n");
 }
 
 /* A usage mistake: one line on stderr, exit status 2. */
 #define usage_error(...) cli_usage_error(CMD, __VA_ARGS__)
 
+/* The options that set a field of tio_plan_options. */
+enum { O_CAPACITY, O_HOST_CAP, O_SSD_READ, O_SSD_WRITE, O_H2D, O_D2H, N_VALUE_OPTIONS };
+
 typedef struct {
     const char *trace_path;
     const char *out_path;
-    bool have_capacity;
+    const char *hw_path;
+    bool given[N_VALUE_OPTIONS];
     tio_plan_options opt;
 } plan_args;
+
+static const struct {
+    const char *name;
+    bool bytes;     /* a byte count (cli_parse_bytes), else a positive number */
+    size_t offset;  /* of the field in tio_plan_options */
+} VALUE_OPTIONS[N_VALUE_OPTIONS] = {
+    [O_CAPACITY] = {"--capacity", true, offsetof(tio_plan_options, capacity_bytes)},
+    [O_HOST_CAP] = {"--host-cap", true, offsetof(tio_plan_options, host_cap_bytes)},
+    [O_SSD_READ] = {"--ssd-read-gbps", false, offsetof(tio_plan_options, ssd_read_gbps)},
+    [O_SSD_WRITE] = {"--ssd-write-gbps", false, offsetof(tio_plan_options, ssd_write_gbps)},
+    [O_H2D] = {"--host-to-device-gbps", false, offsetof(tio_plan_options, host_to_device_gbps)},
+    [O_D2H] = {"--device-to-host-gbps", false, offsetof(tio_plan_options, device_to_host_gbps)},
+};
 
 /* "--name VALUE" or "--name=VALUE": the value, advancing *i; NULL if absent. */
 static const char *option_value(int argc, char **argv, int *i, const char *name, bool *matched)
@@ -70,61 +100,95 @@ static const char *option_value(int argc, char **argv, int *i, const char *name,
     return *i + 1 < argc ? argv[++*i] : NULL;
 }
 
+/* Store value option o's value v into `opt`; false if malformed. */
+static bool set_value(tio_plan_options *opt, int o, const char *v)
+{
+    char *field = (char *)opt + VALUE_OPTIONS[o].offset;
+    if (VALUE_OPTIONS[o].bytes)
+        return v && cli_parse_bytes(v, (uint64_t *)(void *)field) &&
+               (o != O_CAPACITY || *(uint64_t *)(void *)field > 0);
+    return v && cli_parse_positive(v, (double *)(void *)field);
+}
+
+/* One argument at *i; returns 0, or the exit status after printing. */
+static int parse_arg(int argc, char **argv, int *i, plan_args *a)
+{
+    const char *arg = argv[*i], *v;
+    bool m;
+    for (int o = 0; o < N_VALUE_OPTIONS; o++)
+        if ((v = option_value(argc, argv, i, VALUE_OPTIONS[o].name, &m)), m) {
+            if (!set_value(&a->opt, o, v))
+                return usage_error("%s: expected %s, got '%s'", VALUE_OPTIONS[o].name,
+                                   o == O_CAPACITY ? "a positive byte count"
+                                   : VALUE_OPTIONS[o].bytes ? "a byte count"
+                                                            : "a positive number", v ? v : "");
+            a->given[o] = true;
+            return 0;
+        }
+    if ((v = option_value(argc, argv, i, "--hw", &m)), m) {
+        if (!v || !*v)
+            return usage_error("--hw: expected a profile file");
+        a->hw_path = v;
+    } else if (!strcmp(arg, "--no-synchronous-moves")) {
+        a->opt.synchronous_moves = false;
+    } else if ((v = option_value(argc, argv, i, "--planner", &m)), m) {
+        if (!v || tio_planner_parse(v, &a->opt.planner))
+            return usage_error("--planner: expected teraio or alg1, got '%s'", v ? v : "");
+    } else if (((v = option_value(argc, argv, i, "--output", &m)), m) ||
+               ((v = option_value(argc, argv, i, "-o", &m)), m)) {
+        if (!v || !*v)
+            return usage_error("%s: expected a file name", arg);
+        a->out_path = v;
+    } else if (arg[0] == '-' && arg[1] != '\0') {
+        return usage_error("unknown option '%s'", arg);
+    } else if (a->trace_path) {
+        return usage_error("unexpected argument '%s': one TRACE only", arg);
+    } else {
+        a->trace_path = arg;
+    }
+    return 0;
+}
+
 /* Parse the arguments; returns 0, or the exit status after printing. */
 static int parse_args(int argc, char **argv, plan_args *a)
 {
     memset(a, 0, sizeof *a);
     tio_plan_options_default(&a->opt);
     for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *v;
-        bool m;
-        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             plan_usage(stdout);
             return -1;
         }
-        if ((v = option_value(argc, argv, &i, "--capacity", &m)), m) {
-            if (!v || !cli_parse_bytes(v, &a->opt.capacity_bytes) || a->opt.capacity_bytes == 0)
-                return usage_error("--capacity: expected a positive byte count, got '%s'",
-                                   v ? v : "");
-            a->have_capacity = true;
-        } else if ((v = option_value(argc, argv, &i, "--host-cap", &m)), m) {
-            if (!v || !cli_parse_bytes(v, &a->opt.host_cap_bytes))
-                return usage_error("--host-cap: expected a byte count, got '%s'", v ? v : "");
-        } else if ((v = option_value(argc, argv, &i, "--ssd-read-gbps", &m)), m) {
-            if (!v || !cli_parse_positive(v, &a->opt.ssd_read_gbps))
-                return usage_error("--ssd-read-gbps: expected a positive number, got '%s'",
-                                   v ? v : "");
-        } else if ((v = option_value(argc, argv, &i, "--ssd-write-gbps", &m)), m) {
-            if (!v || !cli_parse_positive(v, &a->opt.ssd_write_gbps))
-                return usage_error("--ssd-write-gbps: expected a positive number, got '%s'",
-                                   v ? v : "");
-        } else if ((v = option_value(argc, argv, &i, "--host-to-device-gbps", &m)), m) {
-            if (!v || !cli_parse_positive(v, &a->opt.host_to_device_gbps))
-                return usage_error("--host-to-device-gbps: expected a positive number, got '%s'",
-                                   v ? v : "");
-        } else if ((v = option_value(argc, argv, &i, "--device-to-host-gbps", &m)), m) {
-            if (!v || !cli_parse_positive(v, &a->opt.device_to_host_gbps))
-                return usage_error("--device-to-host-gbps: expected a positive number, got '%s'",
-                                   v ? v : "");
-        } else if (((v = option_value(argc, argv, &i, "--output", &m)), m) ||
-                   ((v = option_value(argc, argv, &i, "-o", &m)), m)) {
-            if (!v || !*v)
-                return usage_error("%s: expected a file name", arg);
-            a->out_path = v;
-        } else if (arg[0] == '-' && arg[1] != '\0') {
-            return usage_error("unknown option '%s'", arg);
-        } else if (a->trace_path) {
-            return usage_error("unexpected argument '%s': one TRACE only", arg);
-        } else {
-            a->trace_path = arg;
-        }
+        int rc = parse_arg(argc, argv, &i, a);
+        if (rc)
+            return rc;
     }
     if (!a->trace_path)
         return usage_error("missing TRACE");
-    if (!a->have_capacity)
-        return usage_error("missing --capacity BYTES");
+    if (!a->given[O_CAPACITY] && !a->hw_path)
+        return usage_error("missing --capacity BYTES (or --hw PROFILE)");
     if (!a->out_path)
         return usage_error("missing -o PLAN");
+    return 0;
+}
+
+/* The profile's options, under those given on the command line. */
+static int apply_profile(plan_args *a)
+{
+    tio_hw hw;
+    int rc = tio_hw_load(a->hw_path, &hw);
+    if (rc)
+        return rc;
+    tio_plan_options given = a->opt;
+    tio_hw_plan_options(&hw, &a->opt);
+    a->opt.planner = given.planner;
+    a->opt.synchronous_moves = given.synchronous_moves;
+    for (int o = 0; o < N_VALUE_OPTIONS; o++)
+        if (a->given[o]) {
+            size_t at = VALUE_OPTIONS[o].offset;
+            size_t len = VALUE_OPTIONS[o].bytes ? sizeof(uint64_t) : sizeof(double);
+            memcpy((char *)&a->opt + at, (const char *)&given + at, len);
+        }
     return 0;
 }
 
@@ -147,7 +211,13 @@ static void print_summary(const plan_args *a, const tio_trace *trace, const tio_
     printf("per iteration   %s to ssd, %s to host\n", tio_format_bytes(plan->bytes_to_ssd, b1),
            tio_format_bytes(plan->bytes_to_host, b2));
     printf("peak host       %s\n", tio_format_bytes(plan->peak_host_bytes, b1));
+    printf("planner         %s\n", tio_planner_name(a->opt.planner));
     printf("planning time   %.3f s\n", plan->plan_seconds);
+    uint32_t sync = 0;
+    for (uint32_t i = 0; i < plan->n_migrations; i++)
+        sync += plan->migrations[i].trigger_kernel == plan->migrations[i].deadline_kernel;
+    printf("predicted stall %.6f s per iteration (%u synchronous migration%s)\n",
+           plan->predicted_stall_ns / 1e9, sync, sync == 1 ? "" : "s");
     printf("fits            %s\n", plan->fits ? "yes" : "no");
     printf("plan written    %s\n", a->out_path);
 }
@@ -162,7 +232,8 @@ int cmd_plan(int argc, char **argv)
     tio_lifetime *lt = NULL;
     tio_plan *plan = NULL;
     int status = 0;
-    if ((rc = tio_trace_load(a.trace_path, &trace)) ||
+    if ((a.hw_path && (rc = apply_profile(&a))) ||
+        (rc = tio_trace_load(a.trace_path, &trace)) ||
         (rc = tio_lifetime_analyze(trace, &lt)) ||
         (rc = tio_plan_build(trace, lt, &a.opt, &plan)) ||
         (rc = tio_plan_save(plan, a.out_path))) {

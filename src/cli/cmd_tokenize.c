@@ -201,16 +201,17 @@ int cmd_tokenize(int argc, char **argv)
         status = decode_ids(tok, text, len);
         goto out;
     }
-    uint32_t *ids = malloc((len ? len : 1) * sizeof *ids);
+    size_t cap = tio_tok_max_ids(tok, len);
+    uint32_t *ids = malloc((cap ? cap : 1) * sizeof *ids);
     size_t n = 0;
     if (!ids) {
-        status = cli_error(CMD, "out of memory for %zu ids", len);
+        status = cli_error(CMD, "out of memory for %zu ids", cap);
         goto out;
     }
     double t0 = now_s(), t = t0;
     int rounds = 0, rc;
     do {
-        rc = tio_tok_encode(tok, text, len, special, ids, len, &n);
+        rc = tio_tok_encode(tok, text, len, special, ids, cap, &n);
         rounds++;
         t = now_s();
     } while (rc == 0 && bench && t - t0 < 1.0);

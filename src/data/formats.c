@@ -1,7 +1,9 @@
 /*
  * data/formats.c — parsers of the token file formats the loader reads in
  * place (memory-mapped): Megatron MMIDIDX v1 indexes, llm.c shard headers and
- * Arrow IPC files (flatbuffer metadata decoded here; no Arrow library).
+ * Arrow IPC files (flatbuffer metadata decoded here; no Arrow library),
+ * and the table of per-format operations the dataset's readers dispatch
+ * through (open, document length, address, read).
  *
  * Every parser bounds-checks each read against the buffer it was given and
  * reports the first problem as TIO_EPARSE naming the file and byte offset.
@@ -14,8 +16,12 @@
  * (arrow.apache.org/docs/format/Columnar.html) and format/Message.fbs,
  * Schema.fbs, File.fbs.
  */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "common/util.h"
 #include "data/data_internal.h"
@@ -433,4 +439,311 @@ int tio_arrow_parse(const uint8_t *buf, size_t len, const char *column, const ch
     out->width = schema.width;
     out->is_signed = schema.is_signed;
     return 0;
+}
+
+/* ---- operations of the token formats ----------------------------------------
+ * Token files are memory-mapped and read in place; their document tables
+ * come from the parsers above. */
+
+int tio_data_map(const char *path, uint8_t **map, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return tio_fail(-errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return tio_fail(-e, "%s: cannot stat: %s", path, strerror(e));
+    }
+    *len = (size_t)st.st_size;
+    *map = NULL;
+    if (*len) {
+        void *p = mmap(NULL, *len, PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return tio_fail(-e, "%s: cannot map: %s", path, strerror(e));
+        }
+        *map = p;
+    }
+    close(fd);
+    return 0;
+}
+
+static void unmap(tio_data_file *f)
+{
+    if (f->map)
+        munmap(f->map, f->map_len);
+    if (f->idx_map)
+        munmap(f->idx_map, f->idx_len);
+    f->map = f->idx_map = NULL;
+}
+
+/* Convert `n` values of Megatron dtype `code` at `p` to ids. */
+static int convert(const uint8_t *p, int code, uint64_t n, uint32_t *dst, const char *rel,
+                   uint64_t doc)
+{
+    if (code == 8) { /* unsigned: every value is an id */
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = rd16(p + 2 * i);
+        return 0;
+    }
+    if (code == 1) {
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = p[i];
+        return 0;
+    }
+    if (code == 4) { /* copy and check the sign bits in one pass */
+        uint32_t neg = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t x = rd32(p + 4 * i);
+            neg |= x;
+            dst[i] = x;
+        }
+        if (!(neg >> 31))
+            return 0;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t v;
+        double d = 0;
+        bool is_float = false;
+        switch (code) {
+        case 1: v = p[i]; break;
+        case 2: v = (int8_t)p[i]; break;
+        case 3: v = (int16_t)rd16(p + 2 * i); break;
+        case 4: v = (int32_t)rd32(p + 4 * i); break;
+        case 5: v = (int64_t)rd64(p + 8 * i); break;
+        case 6: { memcpy(&d, p + 8 * i, 8); is_float = true; v = 0; break; }
+        case 7: { float x; memcpy(&x, p + 4 * i, 4); d = x; is_float = true; v = 0; break; }
+        default: v = rd16(p + 2 * i); break;
+        }
+        if (is_float) {
+            if (!(d >= 0 && d <= 4294967295.0) || d != (double)(int64_t)d)
+                return tio_fail(TIO_EPARSE, "%s: document %llu: token %g is not an id", rel,
+                                (unsigned long long)doc, d);
+            v = (int64_t)d;
+        }
+        if (v < 0 || v > (int64_t)UINT32_MAX)
+            return tio_fail(TIO_EPARSE, "%s: document %llu: token %lld is not an id", rel,
+                            (unsigned long long)doc, (long long)v);
+        dst[i] = (uint32_t)v;
+    }
+    return 0;
+}
+
+static uint64_t megatron_doc_len(const tio_data_file *f, uint64_t doc)
+{
+    uint64_t a = tio_mmidx_u64(f->idx.doc_index, doc), b = tio_mmidx_u64(f->idx.doc_index, doc + 1);
+    uint64_t t = 0;
+    for (uint64_t s = a; s < b; s++)
+        t += tio_mmidx_u32(f->idx.lengths, s);
+    return t;
+}
+
+/* Megatron: the .bin mapped, the .idx mapped and parsed. */
+static int megatron_open(tio_dataset *ds, tio_data_file *f)
+{
+    (void)ds;
+    int rc = tio_data_map(f->path, &f->map, &f->map_len);
+    if (rc)
+        return rc;
+    char *idx = strdup(f->path);
+    if (!idx)
+        return tio_fail(-ENOMEM, "out of memory");
+    memcpy(idx + strlen(idx) - 4, ".idx", 4);
+    rc = tio_data_map(idx, &f->idx_map, &f->idx_len);
+    free(idx);
+    if (rc)
+        return rc;
+    char name[4096];
+    snprintf(name, sizeof name, "%.*s.idx", (int)(strlen(f->rel) - 4), f->rel);
+    if ((rc = tio_mmidx_parse(f->idx_map, f->idx_len, f->map_len, name, &f->idx)) != 0)
+        return rc;
+    f->n_docs = f->idx.n_docs;
+    uint64_t tok = 0;
+    for (uint64_t i = 0; i < f->idx.n_seqs; i++)
+        tok += tio_mmidx_u32(f->idx.lengths, i);
+    f->n_tokens = tok;
+    for (uint64_t d = 0; d < f->n_docs; d++)
+        f->n_empty += megatron_doc_len(f, d) == 0;
+    return 0;
+}
+
+static const uint8_t *megatron_doc_addr(const tio_data_file *f, uint64_t doc, uint64_t off)
+{
+    uint64_t s = tio_mmidx_u64(f->idx.doc_index, doc);
+    if (s >= f->idx.n_seqs)
+        return NULL;
+    return f->map + tio_mmidx_u64(f->idx.pointers, s) +
+           off * (uint64_t)tio_mmidx_dtype_size(f->idx.dtype);
+}
+
+static int megatron_doc_read(const tio_data_file *f, uint64_t doc, uint64_t off, uint64_t n,
+                             uint32_t *dst)
+{
+    int w = tio_mmidx_dtype_size(f->idx.dtype);
+    uint64_t a = tio_mmidx_u64(f->idx.doc_index, doc), b = tio_mmidx_u64(f->idx.doc_index, doc + 1);
+    for (uint64_t s = a; s < b && n; s++) {
+        uint64_t l = tio_mmidx_u32(f->idx.lengths, s);
+        if (off >= l) {
+            off -= l;
+            continue;
+        }
+        uint64_t take = l - off < n ? l - off : n;
+        const uint8_t *p = f->map + tio_mmidx_u64(f->idx.pointers, s) + off * (uint64_t)w;
+        int rc = convert(p, f->idx.dtype, take, dst, f->rel, doc);
+        if (rc)
+            return rc;
+        dst += take;
+        n -= take;
+        off = 0;
+    }
+    return 0;
+}
+
+/* llm.c: document boundaries are the runs between delimiter tokens. */
+static int llmc_index(tio_data_file *f, uint64_t n_tok, uint32_t delim)
+{
+    const uint8_t *t = f->map + 1024;
+    uint32_t cap = 0, n = 0;
+    uint64_t start = 0;
+    for (uint64_t i = 0; i <= n_tok; i++) {
+        uint32_t v = i == n_tok ? 0 : f->width == 2 ? rd16(t + 2 * i) : rd32(t + 4 * i);
+        if (i == n_tok || v == delim) {
+            if (i > start) {
+                if ((uint64_t)n + 2 > UINT32_MAX)
+                    return tio_fail(-EOVERFLOW, "%s: too many documents", f->rel);
+                int rc = tio_grow((void **)&f->doc_starts, &cap, n + 2, sizeof *f->doc_starts);
+                if (rc)
+                    return rc;
+                f->doc_starts[n++] = start;
+                f->doc_starts[n++] = i;
+            }
+            start = i + 1;
+        }
+    }
+    f->n_docs = n / 2;
+    f->n_tokens = n_tok;
+    return 0;
+}
+
+static int llmc_open(tio_dataset *ds, tio_data_file *f)
+{
+    int rc = tio_data_map(f->path, &f->map, &f->map_len);
+    if (rc)
+        return rc;
+    uint64_t n_tok;
+    uint32_t delim;
+    if ((rc = tio_llmc_parse_header(f->map, f->map_len, f->rel, &f->width, &n_tok, &delim)) != 0)
+        return rc;
+    if (ds->opts.llmc_delimiter >= 0)
+        delim = (uint32_t)ds->opts.llmc_delimiter;
+    return llmc_index(f, n_tok, delim);
+}
+
+static void llmc_close(tio_data_file *f)
+{
+    unmap(f);
+    free(f->doc_starts);
+    f->doc_starts = NULL;
+}
+
+static uint64_t llmc_doc_len(const tio_data_file *f, uint64_t doc)
+{
+    return f->doc_starts[2 * doc + 1] - f->doc_starts[2 * doc];
+}
+
+static const uint8_t *llmc_doc_addr(const tio_data_file *f, uint64_t doc, uint64_t off)
+{
+    return f->map + 1024 + (f->doc_starts[2 * doc] + off) * (uint64_t)f->width;
+}
+
+static int llmc_doc_read(const tio_data_file *f, uint64_t doc, uint64_t off, uint64_t n,
+                         uint32_t *dst)
+{
+    const uint8_t *p = llmc_doc_addr(f, doc, off);
+    if (f->width == 4) {
+        memcpy(dst, p, n * 4);
+    } else {
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = rd16(p + 2 * i);
+    }
+    return 0;
+}
+
+/* Arrow IPC: one record batch per document. */
+static int arrow_open(tio_dataset *ds, tio_data_file *f)
+{
+    (void)ds;
+    int rc = tio_data_map(f->path, &f->map, &f->map_len);
+    if (rc)
+        return rc;
+    if ((rc = tio_arrow_parse(f->map, f->map_len, "tokens", f->rel, &f->arrow)) != 0)
+        return rc;
+    f->n_docs = f->arrow.n_batches;
+    uint64_t tok = 0;
+    for (uint32_t i = 0; i < f->arrow.n_batches; i++) {
+        tok += f->arrow.batches[i].count;
+        f->n_empty += f->arrow.batches[i].count == 0;
+    }
+    f->n_tokens = tok;
+    return 0;
+}
+
+static void arrow_close(tio_data_file *f)
+{
+    unmap(f);
+    tio_arrow_index_free(&f->arrow);
+}
+
+static uint64_t arrow_doc_len(const tio_data_file *f, uint64_t doc)
+{
+    return f->arrow.batches[doc].count;
+}
+
+static const uint8_t *arrow_doc_addr(const tio_data_file *f, uint64_t doc, uint64_t off)
+{
+    return f->map + f->arrow.batches[doc].offset + off * (uint64_t)f->arrow.width;
+}
+
+static int arrow_doc_read(const tio_data_file *f, uint64_t doc, uint64_t off, uint64_t n,
+                          uint32_t *dst)
+{
+    int w = f->arrow.width;
+    const uint8_t *p = arrow_doc_addr(f, doc, off);
+    if (w == 4 && !f->arrow.is_signed) {
+        memcpy(dst, p, n * 4);
+        return 0;
+    }
+    if (w == 8 && !f->arrow.is_signed) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t x = rd64(p + 8 * i);
+            if (x > UINT32_MAX)
+                return tio_fail(TIO_EPARSE, "%s: document %llu: token %llu is not an id", f->rel,
+                                (unsigned long long)doc, (unsigned long long)x);
+            dst[i] = (uint32_t)x;
+        }
+        return 0;
+    }
+    /* Megatron codes of the same layout: 1 u8, 2 i8, 3 i16, 8 u16, 4 i32, 5 i64 */
+    int code = w == 1 ? (f->arrow.is_signed ? 2 : 1) : w == 2 ? (f->arrow.is_signed ? 3 : 8)
+             : w == 4 ? 4 : 5;
+    return convert(p, code, n, dst, f->rel, doc);
+}
+
+const tio_data_format tio_format_megatron = {"Megatron", megatron_open, unmap, megatron_doc_len,
+                                             megatron_doc_addr, megatron_doc_read, NULL, NULL};
+const tio_data_format tio_format_llmc = {"llm.c", llmc_open, llmc_close, llmc_doc_len,
+                                         llmc_doc_addr, llmc_doc_read, NULL, NULL};
+const tio_data_format tio_format_arrow = {"Arrow", arrow_open, arrow_close, arrow_doc_len,
+                                          arrow_doc_addr, arrow_doc_read, NULL, NULL};
+
+const tio_data_format *tio_data_format_of(int format)
+{
+    static const tio_data_format *const table[FMT_COUNT] = {
+        [FMT_MEGATRON] = &tio_format_megatron, [FMT_LLMC] = &tio_format_llmc,
+        [FMT_ARROW] = &tio_format_arrow, [FMT_JSONL] = &tio_format_jsonl,
+        [FMT_PARQUET] = &tio_format_parquet};
+    return table[format];
 }

@@ -1,6 +1,7 @@
 /*
- * data/loader.c — logical shards, shuffling, mixing, packing and the shuffle
- * buffer (the generator), and the threaded loader around it.
+ * data/loader.c — the threaded loader around the generator (gen.c): the
+ * prefetch queue, shared filling of queued samples, snapshots, and the state
+ * after the last delivered sample.
  *
  * Why a generator value plus snapshots: the state to save is the one after
  * the last *delivered* sample, while the prefetch thread is ahead of it.
@@ -16,7 +17,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "data/loader_internal.h"
+#include "data/gen.h"
 
 void tio_loader_options_default(tio_loader_options *opts)
 {
@@ -29,516 +30,6 @@ void tio_loader_options_default(tio_loader_options *opts)
     /* on small machines more threads only compete with the producer and the
      * training loop for the same cores */
     opts->fill_threads = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2 : 0;
-}
-
-/* ---- logical shards ------------------------------------------------------- */
-
-typedef unsigned __int128 u128;
-
-/* Shard of document j of a file of n docs, size B, starting at F, in a
- * sub-dataset of size T cut into L shards. */
-static uint32_t shard_of(uint64_t F, uint64_t B, uint64_t n, uint64_t j, uint64_t T, uint32_t L)
-{
-    u128 num = ((u128)F * n + (u128)j * B) * L;
-    return (uint32_t)(num / ((u128)T * n));
-}
-
-static int plan_shards(tio_gen_sub *gs, const tio_data_sub *sub, uint32_t L)
-{
-    bool by_bytes = sub->bytes > 0;
-    uint64_t T = by_bytes ? sub->bytes : sub->n_docs, F = 0;
-    uint32_t cap = 0;
-    gs->shards = calloc(L, sizeof *gs->shards);
-    if (!gs->shards)
-        return tio_fail(-ENOMEM, "out of memory");
-    for (uint32_t f = 0; f < sub->n_files; f++) {
-        const tio_data_file *file = &sub->files[f];
-        uint64_t n = file->n_docs, B = by_bytes ? file->bytes : n;
-        if (n == 0) {
-            F += B;
-            continue;
-        }
-        uint64_t j = 0;
-        while (j < n) {
-            uint32_t s = shard_of(F, B, n, j, T, L);
-            /* last document of shard s: binary search on the monotone shard_of */
-            uint64_t lo = j, hi = n - 1;
-            while (lo < hi) {
-                uint64_t mid = lo + (hi - lo + 1) / 2;
-                if (shard_of(F, B, n, mid, T, L) == s)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            int rc = tio_grow((void **)&gs->ranges, &cap, gs->n_ranges + 1, sizeof *gs->ranges);
-            if (rc)
-                return rc;
-            gs->ranges[gs->n_ranges] = (tio_shard_range){f, j, lo + 1};
-            tio_shard_def *d = &gs->shards[s];
-            if (d->n_ranges == 0)
-                d->first_range = gs->n_ranges;
-            d->n_ranges++;
-            d->n_docs += lo + 1 - j;
-            gs->n_ranges++;
-            j = lo + 1;
-        }
-        F += B;
-    }
-    return 0;
-}
-
-static uint64_t name_key(const char *name)
-{
-    uint64_t h = 0xCBF29CE484222325ull;
-    for (const char *p = name; *p; p++)
-        h = (h ^ (uint8_t)*p) * 0x100000001B3ull;
-    return tio_mix64(h);
-}
-
-static uint64_t settings_fingerprint(const tio_dataset *ds, const tio_loader_options *o)
-{
-    uint64_t h = tio_mix64(0x7465726169ull);
-    uint64_t vals[] = {o->logical_shards, o->seed, o->seq_len, o->eos_id, o->bos, o->bos_id,
-                       (uint64_t)ds->opts.llmc_delimiter, (uint64_t)ds->opts.jsonl_errors};
-    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
-        h = tio_mix64(h ^ vals[i]);
-    h = tio_mix64(h ^ name_key(ds->opts.tokenizer->name ? ds->opts.tokenizer->name : ""));
-    return tio_mix64(h ^ name_key(ds->text_field));
-}
-
-void tio_gen_sample_free(tio_gen_sample *s)
-{
-    free(s->tokens);
-    free(s->spans);
-    memset(s, 0, sizeof *s);
-}
-
-int tio_gen_sample_push(tio_gen_sample *s, const tio_data_span *sp)
-{
-    int rc = tio_grow((void **)&s->spans, &s->cap_spans, s->n_spans + 1, sizeof *s->spans);
-    if (rc)
-        return rc;
-    s->spans[s->n_spans++] = *sp;
-    return 0;
-}
-
-static int sample_alloc(tio_gen_sample *s, uint32_t S)
-{
-    if (!s->tokens && !(s->tokens = malloc((size_t)S * sizeof *s->tokens)))
-        return tio_fail(-ENOMEM, "out of memory");
-    return 0;
-}
-
-int tio_gen_pending_push(tio_gen *g, const tio_data_span *sp)
-{
-    if (g->pend_head > 0 && g->pend_head + g->n_pending == g->cap_pending) {
-        memmove(g->pending, g->pending + g->pend_head, g->n_pending * sizeof *g->pending);
-        g->pend_head = 0;
-    }
-    int rc = tio_grow((void **)&g->pending, &g->cap_pending, g->pend_head + g->n_pending + 1,
-                      sizeof *g->pending);
-    if (rc)
-        return rc;
-    g->pending[g->pend_head + g->n_pending++] = *sp;
-    return 0;
-}
-
-int tio_gen_init(tio_gen *g, tio_dataset *ds, const tio_loader_options *opts)
-{
-    memset(g, 0, sizeof *g);
-    g->ds = ds;
-    g->opts = *opts;
-    g->opts.weight_names = NULL;
-    g->opts.weights = NULL;
-    g->opts.n_weights = 0;
-    g->S = opts->seq_len + 1;
-    g->fingerprint = settings_fingerprint(ds, opts);
-    int rc = tio_data_reader_create(ds, &g->reader);
-    if (rc)
-        return rc;
-    g->subs = calloc(ds->n_subs, sizeof *g->subs);
-    if (!g->subs)
-        return tio_fail(-ENOMEM, "out of memory");
-    double total = 0;
-    for (uint32_t d = 0; d < ds->n_subs; d++) {
-        double w = 1.0;
-        for (uint32_t k = 0; k < opts->n_weights; k++)
-            if (!strcmp(opts->weight_names[k], ds->subs[d].name))
-                w = opts->weights[k];
-        g->subs[d].weight = w;
-        total += w;
-    }
-    for (uint32_t d = 0; d < ds->n_subs; d++) {
-        tio_gen_sub *gs = &g->subs[d];
-        gs->weight /= total;
-        gs->key = name_key(ds->subs[d].name);
-        if ((rc = plan_shards(gs, &ds->subs[d], opts->logical_shards)) != 0)
-            return rc;
-        uint32_t L = opts->logical_shards;
-        gs->n_owned = (L - opts->rank + opts->world_size - 1) / opts->world_size;
-        gs->owned = calloc(gs->n_owned ? gs->n_owned : 1, sizeof *gs->owned);
-        gs->pos = calloc(gs->n_owned ? gs->n_owned : 1, sizeof *gs->pos);
-        gs->fenwick = calloc((size_t)gs->n_owned + 1, sizeof *gs->fenwick);
-        if (!gs->owned || !gs->pos || !gs->fenwick)
-            return tio_fail(-ENOMEM, "out of memory");
-        for (uint32_t i = 0; i < gs->n_owned; i++) {
-            gs->owned[i] = opts->rank + i * opts->world_size;
-            gs->owned_docs += gs->shards[gs->owned[i]].n_docs;
-        }
-    }
-    if (opts->shuffle_buffer) {
-        g->buf = calloc(opts->shuffle_buffer, sizeof *g->buf);
-        if (!g->buf)
-            return tio_fail(-ENOMEM, "out of memory");
-        g->cap_buf = opts->shuffle_buffer;
-    }
-    return 0;
-}
-
-void tio_gen_free(tio_gen *g)
-{
-    if (g->subs)
-        for (uint32_t d = 0; d < g->ds->n_subs; d++) {
-            free(g->subs[d].ranges);
-            free(g->subs[d].shards);
-            free(g->subs[d].owned);
-            free(g->subs[d].pos);
-            free(g->subs[d].fenwick);
-        }
-    free(g->subs);
-    tio_data_reader_destroy(g->reader);
-    free(g->pending);
-    tio_gen_sample_free(&g->partial);
-    for (uint32_t i = 0; i < g->cap_buf; i++)
-        tio_gen_sample_free(&g->buf[i]);
-    free(g->buf);
-    memset(g, 0, sizeof *g);
-}
-
-/* ---- drawing documents ----------------------------------------------------- */
-
-/* The next document of an owned shard, in its shuffled order. */
-static void shard_next(const tio_gen *g, const tio_gen_sub *gs, uint32_t s, tio_shard_pos *p,
-                       uint32_t *file, uint64_t *doc)
-{
-    const tio_shard_def *def = &gs->shards[s];
-    uint64_t key = tio_mix64(g->opts.seed ^ gs->key ^ tio_mix64(((uint64_t)s << 32) | p->epoch));
-    for (;;) {
-        uint64_t ri = tio_permute(p->r, def->n_ranges, key);
-        const tio_shard_range *rg = &gs->ranges[def->first_range + ri];
-        uint64_t len = rg->hi - rg->lo;
-        if (p->j >= len) {
-            p->r++;
-            p->j = 0;
-            continue;
-        }
-        *file = rg->file;
-        *doc = rg->lo + tio_permute(p->j, len, tio_mix64(key ^ (ri + 1)));
-        p->j++;
-        p->consumed++;
-        if (p->j == len) {
-            p->r++;
-            p->j = 0;
-        }
-        return;
-    }
-}
-
-/* Lowest epoch among owned non-empty shards (UINT32_MAX: none), with the
- * documents left in it and those consumed. */
-static uint32_t sub_peek(const tio_gen_sub *gs, uint64_t *remaining, uint64_t *consumed)
-{
-    uint32_t e = UINT32_MAX;
-    for (uint32_t i = 0; i < gs->n_owned; i++)
-        if (gs->shards[gs->owned[i]].n_docs && gs->pos[i].epoch < e)
-            e = gs->pos[i].epoch;
-    uint64_t rem = 0, con = 0;
-    for (uint32_t i = 0; i < gs->n_owned; i++)
-        if (gs->shards[gs->owned[i]].n_docs && gs->pos[i].epoch == e) {
-            rem += gs->shards[gs->owned[i]].n_docs - gs->pos[i].consumed;
-            con += gs->pos[i].consumed;
-        }
-    *remaining = rem;
-    *consumed = con;
-    return e;
-}
-
-static uint64_t shard_left(const tio_gen_sub *gs, uint32_t i, uint32_t e)
-{
-    const tio_shard_def *def = &gs->shards[gs->owned[i]];
-    return def->n_docs && gs->pos[i].epoch == e ? def->n_docs - gs->pos[i].consumed : 0;
-}
-
-/* Rebuild the aggregates from the shard positions (O(shards)). */
-static void agg_build(tio_gen_sub *gs)
-{
-    gs->agg_epoch = sub_peek(gs, &gs->agg_remaining, &gs->agg_consumed);
-    uint32_t n = gs->n_owned;
-    for (uint32_t i = 1; i <= n; i++)
-        gs->fenwick[i] = shard_left(gs, i - 1, gs->agg_epoch);
-    for (uint32_t i = 1; i <= n; i++) {
-        uint32_t up = i + (i & -i);
-        if (up <= n)
-            gs->fenwick[up] += gs->fenwick[i];
-    }
-    gs->agg_valid = true;
-}
-
-/* The owned shard holding draw u of the documents left (the first shard
- * whose running total of documents left exceeds u). */
-static uint32_t agg_find(const tio_gen_sub *gs, uint64_t u)
-{
-    uint32_t at = 0, step = 1;
-    while (step * 2 <= gs->n_owned)
-        step *= 2;
-    for (; step; step /= 2)
-        if (at + step <= gs->n_owned && gs->fenwick[at + step] <= u) {
-            at += step;
-            u -= gs->fenwick[at];
-        }
-    return at;
-}
-
-static void agg_take(tio_gen_sub *gs, uint32_t i)
-{
-    for (uint32_t k = i + 1; k <= gs->n_owned; k += k & -k)
-        gs->fenwick[k]--;
-    gs->agg_remaining--;
-    gs->agg_consumed++;
-}
-
-/* The lowest epoch with documents left, first moving the shards of a
- * finished epoch into the next one (UINT32_MAX: no document at all). */
-static uint32_t sub_epoch(tio_gen_sub *gs, uint64_t *remaining, uint64_t *consumed)
-{
-    for (;;) {
-        if (!gs->agg_valid)
-            agg_build(gs);
-        uint32_t e = gs->agg_epoch;
-        *remaining = gs->agg_remaining;
-        *consumed = gs->agg_consumed;
-        if (*remaining || e == UINT32_MAX)
-            return e;
-        for (uint32_t i = 0; i < gs->n_owned; i++)
-            if (gs->shards[gs->owned[i]].n_docs && gs->pos[i].epoch == e)
-                gs->pos[i] = (tio_shard_pos){.epoch = e + 1};
-        gs->agg_valid = false;
-    }
-}
-
-/* The position a reader sees: a finished epoch reads as the next one. */
-static void sub_position(const tio_gen_sub *gs, tio_data_position *p)
-{
-    uint64_t rem, con;
-    uint32_t e = sub_peek(gs, &rem, &con);
-    if (e == UINT32_MAX)
-        e = 0;
-    else if (rem == 0)
-        e++, con = 0;
-    p->epoch = e;
-    p->docs_consumed = con;
-    p->docs_total = gs->owned_docs;
-    p->tokens_packed = gs->tokens;
-}
-
-/* Mixing: the sub-dataset furthest below its share of the tokens drawn. */
-static int pick_sub(const tio_gen *g)
-{
-    uint64_t total = 0;
-    for (uint32_t d = 0; d < g->ds->n_subs; d++)
-        if (g->subs[d].weight > 0 && g->subs[d].owned_docs)
-            total += g->subs[d].tokens;
-    int best = -1;
-    double best_deficit = 0;
-    for (uint32_t d = 0; d < g->ds->n_subs; d++) {
-        const tio_gen_sub *gs = &g->subs[d];
-        if (gs->weight <= 0 || !gs->owned_docs)
-            continue;
-        double deficit = gs->weight * (double)total - (double)gs->tokens;
-        if (best < 0 || deficit > best_deficit) {
-            best = (int)d;
-            best_deficit = deficit;
-        }
-    }
-    return best;
-}
-
-static int draw_doc(tio_gen *g)
-{
-    for (;;) {
-        int d = pick_sub(g);
-        if (d < 0)
-            return tio_fail(-ENODATA, "rank %u owns no document of a sub-dataset with weight > 0",
-                            g->opts.rank);
-        tio_gen_sub *gs = &g->subs[d];
-        uint64_t rem, con;
-        uint32_t e = sub_epoch(gs, &rem, &con);
-        uint64_t u = tio_mix64(g->opts.seed ^ gs->key ^ tio_mix64(((uint64_t)e << 40) ^ con)) % rem;
-        uint32_t i = agg_find(gs, u);
-        uint32_t file;
-        uint64_t doc, len;
-        shard_next(g, gs, gs->owned[i], &gs->pos[i], &file, &doc);
-        agg_take(gs, i);
-        int rc = tio_data_doc_len(g->reader, (uint32_t)d, file, doc, &len);
-        if (rc)
-            return rc;
-        if (len == 0)
-            continue; /* empty documents (or skipped JSONL lines) pack nothing */
-        uint64_t vlen = len + 1 + (g->opts.bos ? 1 : 0);
-        if (vlen > UINT32_MAX)
-            return tio_fail(-EOVERFLOW, "%s: document %llu has more than 2^32 tokens",
-                            g->ds->subs[d].files[file].rel, (unsigned long long)doc);
-        gs->tokens += vlen;
-        tio_data_span sp = {(uint32_t)d, file, doc, 0, (uint32_t)vlen, e};
-        return tio_gen_pending_push(g, &sp);
-    }
-}
-
-/* Read a span's packed tokens through reader r. */
-static int read_span(tio_data_reader *r, const tio_dataset *ds, const tio_loader_options *o,
-                     const tio_data_span *sp, uint32_t *dst)
-{
-    uint64_t len;
-    int rc = tio_data_doc_len(r, sp->subdataset, sp->file, sp->doc, &len);
-    if (rc)
-        return rc;
-    uint32_t bos = o->bos ? 1 : 0;
-    uint64_t vlen = len + 1 + bos, a = sp->offset, b = (uint64_t)sp->offset + sp->length;
-    if (b > vlen)
-        return tio_fail(TIO_ESTATE, "%s: document %llu has %llu packed tokens, the state names "
-                        "[%llu, %llu)", ds->subs[sp->subdataset].files[sp->file].rel,
-                        (unsigned long long)sp->doc, (unsigned long long)vlen,
-                        (unsigned long long)a, (unsigned long long)b);
-    if (bos && a == 0) {
-        *dst++ = o->bos_id;
-        a = 1;
-    }
-    uint64_t tb = b < vlen ? b : vlen - 1; /* end of the document's own tokens */
-    if (tb > a) {
-        if ((rc = tio_data_doc_read(r, sp->subdataset, sp->file, sp->doc, a - bos, tb - a, dst)) != 0)
-            return rc;
-        dst += tb - a;
-    }
-    if (b == vlen)
-        *dst = o->eos_id;
-    return 0;
-}
-
-int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst)
-{
-    return read_span(g->reader, g->ds, &g->opts, sp, dst);
-}
-
-/* Fill the partial sample up to S tokens (its spans: the tokens are read
- * when the sample leaves the shuffle buffer). */
-static int pack(tio_gen *g)
-{
-    tio_gen_sample *s = &g->partial;
-    while (s->fill < g->S) {
-        if (!g->n_pending) {
-            int rc = draw_doc(g);
-            if (rc)
-                return rc;
-        }
-        tio_data_span *sp = &g->pending[g->pend_head];
-        uint32_t n = g->S - s->fill < sp->length ? g->S - s->fill : sp->length;
-        tio_data_span piece = *sp;
-        piece.length = n;
-        int rc = tio_gen_sample_push(s, &piece);
-        if (rc)
-            return rc;
-        s->fill += n;
-        sp->offset += n;
-        sp->length -= n;
-        if (!sp->length) {
-            g->pend_head++;
-            if (--g->n_pending == 0)
-                g->pend_head = 0;
-        }
-    }
-    return 0;
-}
-
-static void sample_swap(tio_gen_sample *a, tio_gen_sample *b)
-{
-    tio_gen_sample t = *a;
-    *a = *b;
-    *b = t;
-}
-
-/* Swap what two samples hold (fill and spans), each keeping its token
- * array: only the samples that leave the generator carry tokens, so the
- * shuffle buffer is a few spans per sample and the token arrays written
- * stay few (and in cache). */
-static void sample_swap_spans(tio_gen_sample *a, tio_gen_sample *b)
-{
-    uint32_t *ta = a->tokens, *tb = b->tokens;
-    sample_swap(a, b);
-    a->tokens = ta;
-    b->tokens = tb;
-}
-
-/* Read the tokens of a sample's spans through reader r. */
-static int sample_fill(tio_data_reader *r, const tio_dataset *ds, const tio_loader_options *o,
-                       tio_gen_sample *s)
-{
-    int rc = sample_alloc(s, o->seq_len + 1);
-    if (rc)
-        return rc;
-    uint32_t at = 0, bos = o->bos ? 1 : 0;
-    /* the pieces' first cache lines load together while the copying starts */
-    for (uint32_t i = 0; i < s->n_spans; i++) {
-        const tio_data_span *sp = &s->spans[i];
-        tio_data_doc_prefetch(r, sp->subdataset, sp->file, sp->doc,
-                              sp->offset > bos ? sp->offset - bos : 0);
-    }
-    for (uint32_t i = 0; i < s->n_spans; i++) {
-        if ((rc = read_span(r, ds, o, &s->spans[i], s->tokens + at)) != 0)
-            return rc;
-        at += s->spans[i].length;
-    }
-    return 0;
-}
-
-static void sample_reset(tio_gen_sample *s)
-{
-    s->fill = 0;
-    s->n_spans = 0;
-}
-
-int tio_gen_next(tio_gen *g, tio_gen_sample *out)
-{
-    int rc;
-    uint64_t pick = tio_mix64(g->opts.seed ^ 0x5348554646ull ^ tio_mix64(g->produced));
-    for (;;) {
-        if (g->n_buf > g->opts.shuffle_buffer) { /* after a rescale or a smaller buffer */
-            uint32_t i = (uint32_t)(pick % g->n_buf);
-            sample_swap_spans(out, &g->buf[i]);
-            sample_swap_spans(&g->buf[i], &g->buf[g->n_buf - 1]);
-            g->n_buf--;
-            break;
-        }
-        if ((rc = pack(g)) != 0)
-            return rc;
-        if (g->opts.shuffle_buffer == 0) {
-            sample_swap_spans(out, &g->partial);
-            break;
-        }
-        if (g->n_buf < g->opts.shuffle_buffer) {
-            if ((rc = tio_grow((void **)&g->buf, &g->cap_buf, g->n_buf + 1, sizeof *g->buf)) != 0)
-                return rc;
-            sample_swap_spans(&g->buf[g->n_buf++], &g->partial);
-            sample_reset(&g->partial);
-            continue;
-        }
-        uint32_t i = (uint32_t)(pick % g->n_buf);
-        sample_swap_spans(out, &g->buf[i]);
-        sample_swap_spans(&g->buf[i], &g->partial);
-        break;
-    }
-    sample_reset(&g->partial);
-    g->produced++;
-    return g->skip_tokens ? 0 : sample_fill(g->reader, g->ds, &g->opts, out);
 }
 
 /* ---- the threaded loader --------------------------------------------------- */
@@ -641,7 +132,7 @@ static bool claim(tio_loader *ld, uint32_t *slot)
 static int fill_claimed(tio_loader *ld, tio_data_reader *r, uint32_t slot)
 {
     pthread_mutex_unlock(&ld->lock);
-    int rc = sample_fill(r, ld->ds, &ld->opts, &ld->slots[slot]);
+    int rc = tio_gen_sample_fill(r, ld->ds, &ld->opts, &ld->slots[slot]);
     pthread_mutex_lock(&ld->lock);
     if (rc) {
         loader_error(ld, rc);
@@ -746,9 +237,9 @@ static void *producer(void *arg)
         ld->producer_holding = false;
         uint32_t tail = (ld->head + ld->count) % ld->n_slots;
         if (ld->shared_fill) /* spans only: the slot's tokens are read by a filler */
-            sample_swap_spans(&ld->slots[tail], &local);
+            tio_gen_sample_swap_spans(&ld->slots[tail], &local);
         else
-            sample_swap(&ld->slots[tail], &local);
+            tio_gen_sample_swap(&ld->slots[tail], &local);
         __atomic_store_n(&ld->filled[tail], !ld->shared_fill, __ATOMIC_RELEASE);
         __atomic_store_n(&ld->count, ld->count + 1, __ATOMIC_RELEASE);
         if (ld->consumer_waiting || ld->fillers_waiting)
@@ -777,14 +268,28 @@ static int validate(const tio_dataset *ds, const tio_loader_options *o)
         return tio_fail(-EINVAL, "seq_len must be in [1, 2^32 - 2)");
     if (o->world_size == 0 || o->rank >= o->world_size)
         return tio_fail(-EINVAL, "rank %u must be below world_size %u", o->rank, o->world_size);
-    if (o->logical_shards < o->world_size)
-        return tio_fail(-EINVAL, "logical_shards (%u) must be >= world_size (%u)",
-                        o->logical_shards, o->world_size);
+    if (o->logical_shards < o->world_size || o->logical_shards > TIO_LOADER_MAX_LOGICAL_SHARDS)
+        return tio_fail(-EINVAL, "logical_shards (%u) must be >= world_size (%u) and at most %u",
+                        o->logical_shards, o->world_size, TIO_LOADER_MAX_LOGICAL_SHARDS);
+    if (o->prefetch > TIO_LOADER_MAX_PREFETCH)
+        return tio_fail(-EINVAL, "prefetch (%u samples) must be at most %u", o->prefetch,
+                        TIO_LOADER_MAX_PREFETCH);
+    if (o->shuffle_buffer > TIO_LOADER_MAX_SHUFFLE_BUFFER)
+        return tio_fail(-EINVAL, "shuffle_buffer (%u samples) must be at most %u",
+                        o->shuffle_buffer, TIO_LOADER_MAX_SHUFFLE_BUFFER);
+    if (o->fill_threads > TIO_LOADER_MAX_FILL_THREADS)
+        return tio_fail(-EINVAL, "fill_threads (%u) must be at most %u", o->fill_threads,
+                        TIO_LOADER_MAX_FILL_THREADS);
+    if (o->n_weights && (!o->weights || !o->weight_names))
+        return tio_fail(-EINVAL, "n_weights is %u but weights or weight_names is NULL",
+                        o->n_weights);
     double total = 0;
     for (uint32_t k = 0; k < o->n_weights; k++) {
-        if (!(o->weights[k] >= 0) || o->weights[k] > 1e300)
-            return tio_fail(-EINVAL, "weight of '%s' must be a finite number >= 0",
-                            o->weight_names[k]);
+        if (!o->weight_names[k])
+            return tio_fail(-EINVAL, "weight name %u is NULL", k);
+        if (!(o->weights[k] >= 0 && o->weights[k] <= TIO_LOADER_MAX_WEIGHT))
+            return tio_fail(-EINVAL, "weight of '%s' is %g: it must be a number from 0 to %g",
+                            o->weight_names[k], o->weights[k], TIO_LOADER_MAX_WEIGHT);
         bool found = false;
         for (uint32_t d = 0; d < ds->n_subs; d++)
             found |= !strcmp(ds->subs[d].name, o->weight_names[k]);
@@ -803,11 +308,13 @@ static int validate(const tio_dataset *ds, const tio_loader_options *o)
     return 0;
 }
 
-static bool has_jsonl(const tio_dataset *ds)
+/* Whether a file is decoded by windows (JSONL, Parquet) into a reader's
+ * cache rather than read in place. */
+static bool has_windowed(const tio_dataset *ds)
 {
     for (uint32_t d = 0; d < ds->n_subs; d++)
         for (uint32_t f = 0; f < ds->subs[d].n_files; f++)
-            if (ds->subs[d].files[f].format == FMT_JSONL)
+            if (tio_data_format_of(ds->subs[d].files[f].format)->window_load)
                 return true;
     return false;
 }
@@ -852,7 +359,7 @@ static void log_position(tio_loader *ld, bool resumed)
 {
     for (uint32_t d = 0; d < ld->ds->n_subs; d++) {
         tio_data_position p;
-        sub_position(&ld->gen.subs[d], &p);
+        tio_gen_position(&ld->gen.subs[d], &p);
         tio_log(TIO_LOG_INFO, "data loader rank %u/%u %s '%s': epoch %u, %llu of %llu documents "
                 "consumed, %llu tokens packed, sample %llu", ld->opts.rank, ld->opts.world_size,
                 resumed ? "resumed" : "starts", ld->ds->subs[d].name, p.epoch,
@@ -866,7 +373,13 @@ int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
                       tio_loader **out)
 {
     *out = NULL;
+    if (!ds || !opts)
+        return tio_fail(-EINVAL, "tio_loader_create: no dataset or no options");
+    if (n_states && (!states || !lens))
+        return tio_fail(-EINVAL, "tio_loader_create: %u states but no state array", n_states);
     int rc = validate(ds, opts);
+    if (!rc && n_states)
+        rc = tio_state_precheck(ds, opts, states, lens, n_states);
     if (rc)
         return rc;
     tio_loader *ld = calloc(1, sizeof *ld);
@@ -902,7 +415,7 @@ int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
         tio_loader_destroy(ld);
         return tio_fail(-ENOMEM, "out of memory");
     }
-    if (pick_sub(&ld->gen) < 0) {
+    if (tio_gen_pick_sub(&ld->gen) < 0) {
         tio_loader_destroy(ld);
         return tio_fail(-ENODATA, "rank %u of %u owns no document (logical_shards %u): use fewer "
                         "ranks or smaller logical shards", opts->rank, opts->world_size,
@@ -910,16 +423,17 @@ int tio_loader_create(tio_dataset *ds, const tio_loader_options *opts,
     }
     log_position(ld, n_states > 0);
     if (opts->prefetch) {
-        ld->n_slots = opts->prefetch;
         /* a snapshot costs a serialization of every owned shard's position:
          * take one per SNAP_MIN samples at least (a save replays fewer than
          * snap_every + prefetch samples) */
         ld->snap_every = opts->prefetch > SNAP_MIN ? opts->prefetch : SNAP_MIN;
-        ld->slots = calloc(ld->n_slots, sizeof *ld->slots);
-        ld->filled = calloc(ld->n_slots, sizeof *ld->filled);
-        /* JSONL tokens exist only in the producer's reader, which
-         * tokenized them: the producer fills those samples itself */
-        ld->shared_fill = !has_jsonl(ds);
+        ld->slots = calloc(opts->prefetch, sizeof *ld->slots);
+        ld->filled = calloc(opts->prefetch, sizeof *ld->filled);
+        if (ld->slots)
+            ld->n_slots = opts->prefetch; /* destroy frees what exists */
+        /* decoded windows (JSONL, Parquet) exist only in the producer's
+         * reader, which decoded them: the producer fills those samples */
+        ld->shared_fill = !has_windowed(ds);
         uint32_t want = ld->shared_fill ? opts->fill_threads : 0;
         ld->fillers = calloc(want ? want : 1, sizeof *ld->fillers);
         if (!ld->slots || !ld->filled || !ld->fillers || (rc = add_snapshot(ld)) != 0 ||
@@ -998,7 +512,7 @@ static bool steal(tio_loader *ld)
     }
     int rc = tio_gen_next(&ld->gen, &ld->cur);
     if (!rc && ld->gen.skip_tokens)
-        rc = sample_fill(ld->gen.reader, ld->ds, &ld->opts, &ld->cur);
+        rc = tio_gen_sample_fill(ld->gen.reader, ld->ds, &ld->opts, &ld->cur);
     if (!rc && ld->gen.produced % ld->snap_every == 0)
         rc = add_snapshot(ld);
     pthread_mutex_lock(&ld->lock);
@@ -1058,7 +572,7 @@ int tio_loader_next(tio_loader *ld, const tio_data_sample **out)
             pthread_mutex_unlock(&ld->lock);
             return rc;
         }
-        sample_swap(&ld->cur, &ld->slots[ld->head]);
+        tio_gen_sample_swap(&ld->cur, &ld->slots[ld->head]);
         __atomic_store_n(&ld->filled[ld->head], false, __ATOMIC_RELAXED);
         if (ld->shared_fill)
             __atomic_store_n(&ld->n_claimed, ld->n_claimed - 1, __ATOMIC_RELAXED);
@@ -1147,7 +661,7 @@ int tio_loader_save(tio_loader *ld, const char *path)
     int rc = tio_loader_state(ld, &buf, &len);
     if (rc)
         return rc;
-    tio_atomic_file af;
+    tio_atomic_file af; /* it also removes temporaries of killed saves (unlocked) */
     if ((rc = tio_atomic_open(&af, path)) == 0) {
         if (fwrite(buf, 1, len, af.f) != len) {
             int e = errno ? errno : EIO;
@@ -1188,7 +702,7 @@ int tio_loader_position(tio_loader *ld, uint32_t sub, tio_data_position *pos)
             return rc;
         g = &scratch;
     }
-    sub_position(&g->subs[sub], pos);
+    tio_gen_position(&g->subs[sub], pos);
     if (g == &scratch)
         tio_gen_free(&scratch);
     return 0;

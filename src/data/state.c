@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "data/loader_internal.h"
+#include "data/gen.h"
 
 #define STATE_MAGIC "TIODATA"
 #define STATE_VERSION 1u
@@ -278,12 +278,20 @@ static int parse(const void *buf, size_t len, const char *name, st_parsed *p)
         s->tokens = get64(&c, "tokens");
         s->n_shards = get32(&c, "shard count");
         s->shards = get_bytes(&c, s->n_shards, SHARD_BYTES, "shards");
-        for (uint32_t i = 0; !c.rc && i < s->n_shards; i++) {
+        uint32_t owned = (p->L - p->rank + p->world - 1) / p->world;
+        if (!c.rc && s->n_shards != owned)
+            c.rc = tio_fail(TIO_EPARSE, "%s: %u shard positions for rank %u, which owns %u of %u",
+                            name, s->n_shards, p->rank, owned, p->L);
+        for (uint32_t i = 0, prev = 0; !c.rc && i < s->n_shards; i++) {
             uint32_t shard;
             memcpy(&shard, s->shards + (size_t)i * SHARD_BYTES, 4);
             if (shard >= p->L || shard % p->world != p->rank)
                 c.rc = tio_fail(TIO_EPARSE, "%s: shard %u is not rank %u's (of %u, L %u)", name,
                                 shard, p->rank, p->world, p->L);
+            else if (i > 0 && shard <= prev) /* written in increasing order */
+                c.rc = tio_fail(TIO_EPARSE, "%s: shard %u %s", name, shard,
+                                shard == prev ? "given twice" : "out of order");
+            prev = shard;
         }
         if (!c.rc && (!isfinite(s->weight) || s->weight < 0))
             c.rc = tio_fail(TIO_EPARSE, "%s: bad weight", name);
@@ -402,16 +410,6 @@ static int load_parsed(tio_gen *g, st_parsed *ps, uint32_t n)
     const tio_loader_options *o = &g->opts;
     uint32_t N = ps[0].world;
     bool own = n == 1 && N == o->world_size && ps[0].rank == o->rank;
-    for (uint32_t i = 0; i < n; i++) {
-        if (ps[i].fingerprint != g->fingerprint || ps[i].L != o->logical_shards ||
-            ps[i].seq_len != o->seq_len)
-            return tio_fail(TIO_ESTATE, "loader state %u was saved with other settings (seed, "
-                            "logical_shards, seq_len, EOS/BOS, tokenizer or text field differ: "
-                            "fingerprint mismatch)", i);
-        if (ps[i].world != N)
-            return tio_fail(TIO_ESTATE, "loader states of different runs (world sizes %u and %u)",
-                            N, ps[i].world);
-    }
     if (!own) {
         if (n != N)
             return tio_fail(TIO_ESTATE, "%u state(s) given (rank %u of a run of %u ranks) for "
@@ -532,6 +530,52 @@ static int load_parsed(tio_gen *g, st_parsed *ps, uint32_t n)
             if (r == o->rank)
                 g->produced = p->produced;
         }
+    }
+    return 0;
+}
+
+int tio_loader_state_info(const void *buf, size_t len, tio_data_state_info *info)
+{
+    memset(info, 0, sizeof *info);
+    st_parsed p;
+    int rc = parse(buf, len, "loader state", &p);
+    if (rc)
+        return rc;
+    *info = (tio_data_state_info){STATE_VERSION, p.fingerprint, p.rank, p.world, p.L, p.seq_len,
+                                    p.shuffle, p.produced, p.n_subs};
+    parsed_free(&p);
+    return 0;
+}
+
+/* Settings first, before anything is allocated for them: a state of other
+ * settings, or one claiming a huge logical-shard count, goes no further. */
+int tio_state_precheck(const tio_dataset *ds, const tio_loader_options *o,
+                       const void *const *states, const size_t *lens, uint32_t n)
+{
+    uint64_t fp = tio_gen_fingerprint(ds, o);
+    uint32_t N = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        tio_data_state_info info;
+        char name[32];
+        snprintf(name, sizeof name, "loader state %u", i);
+        int rc = tio_state_check(states[i], lens[i], name);
+        if (rc)
+            return rc;
+        if (lens[i] < 36)
+            return tio_fail(TIO_EPARSE, "%s: truncated state", name);
+        memcpy(&info.fingerprint, (const uint8_t *)states[i] + 12, 8);
+        memcpy(&info.world_size, (const uint8_t *)states[i] + 24, 4);
+        memcpy(&info.logical_shards, (const uint8_t *)states[i] + 28, 4);
+        memcpy(&info.seq_len, (const uint8_t *)states[i] + 32, 4);
+        if (info.fingerprint != fp || info.logical_shards != o->logical_shards ||
+            info.seq_len != o->seq_len)
+            return tio_fail(TIO_ESTATE, "loader state %u was saved with other settings (seed, "
+                            "logical_shards, seq_len, EOS/BOS, tokenizer or text field differ: "
+                            "fingerprint mismatch)", i);
+        if (i && info.world_size != N)
+            return tio_fail(TIO_ESTATE, "loader states of different runs (world sizes %u and %u)",
+                            N, info.world_size);
+        N = info.world_size;
     }
     return 0;
 }

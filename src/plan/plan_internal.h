@@ -1,11 +1,12 @@
 /*
- * plan/plan_internal.h — helpers shared by the planner (planner.c) and the
- * plan file reader/writer (plan_io.c).
+ * plan/plan_internal.h — what the two planners (planner.c: Algorithm 1,
+ * planner_fast.c: teraio) and the plan file reader (plan_io.c) share; it
+ * is implemented in plan.c, the plan object and the one entry point.
  *
- * Both must leave tio_plan.migrations in the one order the header promises
- * (by trigger kernel, offloads before prefetches at the same kernel, then in
- * the order they were emitted or read), so that a saved plan loads back
- * byte-for-byte identical; the ordering lives here once.
+ * Every plan leaves tio_plan.migrations in the one order the header
+ * promises (by trigger kernel, offloads before prefetches at the same
+ * kernel, then in the order they were emitted or read), so that a saved
+ * plan loads back byte-for-byte identical; the ordering lives here once.
  */
 #ifndef TERAIO_PLAN_INTERNAL_H
 #define TERAIO_PLAN_INTERNAL_H
@@ -16,11 +17,24 @@
  * the current order among equal keys.  Returns 0 or -ENOMEM. */
 int tio_plan_sort_migrations(tio_migration *m, uint32_t n);
 
-/* Validate planner inputs (shared by tio_plan_build and
- * tio_plan_build_fast): returns 0, -EINVAL or TIO_EINFEASIBLE with a
- * message, exactly as tio_plan_build documents. */
-int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
-                          const tio_plan_options *opt);
+/* The two planners, as tio_plan_build calls them once it has checked the
+ * inputs (tio_plan_build documents returns and semantics). */
+int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
+                        const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out);
+int tio_plan_build_teraio(const tio_trace *trace, const tio_lifetime *lt,
+                          const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out);
+
+/* Bandwidth of each channel (TIO_CH_*), GB/s = bytes per ns: the options'
+ * SSD channels, and their host channels with 0 meaning "as the SSD's". */
+void tio_plan_channel_gbps(const tio_plan_options *opt, double gbps[TIO_CH_N]);
+
+/* The most bytes one kernel's budget holds in a trace of n kernels, so that
+ * twice a channel's whole budget still fits in 64 bits (both planners cap
+ * alike, so that they make the same plans at any bandwidth). */
+#define TIO_PLAN_BUDGET_MAX(n) (UINT64_MAX / (4 * ((uint64_t)(n) + 1)))
+
+/* Bytes a channel of `gbps` moves in `ns`, rounded down, at most `max`. */
+uint64_t tio_plan_budget_bytes(double gbps, double ns, uint64_t max);
 
 /* A growable list of migrations, as a planner emits them. */
 typedef struct {
@@ -36,14 +50,74 @@ int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
                        const tio_inactive_period *per, uint64_t k_off, uint64_t k_pre,
                        tio_tier tier);
 
-/* Finish a planner's work: sort the migrations, move them and M'
- * (`*planned`, [n_kernels]) into a new tio_plan with its peak, totals and
- * the planning time since `t0_ns`.  On success the list and *planned are
- * emptied (the plan owns them); on failure (-ENOMEM, or the sort's error)
- * nothing moves.  Shared by both planners. */
-int tio_plan_assemble(tio_migration_list *list, uint64_t **planned, uint32_t n_kernels,
-                      uint32_t n_tensors, uint64_t capacity_bytes, uint64_t peak_host_bytes,
-                      uint64_t bytes_to_ssd, uint64_t bytes_to_host, uint64_t t0_ns,
-                      tio_plan **out);
+/* What a planner hands over at the end. */
+typedef struct {
+    tio_migration_list migrations;
+    uint64_t *planned;            /* [n_kernels] M' */
+    uint64_t peak_host_bytes, bytes_to_ssd, bytes_to_host;
+    uint64_t predicted_stall_ns;
+} tio_plan_result;
+
+/* The periods a planner chose, as the synchronous finish needs them. */
+typedef struct {
+    bool *chosen;                  /* [n_periods] */
+    uint64_t *win_off, *win_pre;   /* [n_periods] its window [k_off, k_pre), unwrapped
+                                      as the period's kernels are */
+    uint32_t *pair_at;             /* [n_periods] its offload's index in the list
+                                      (the prefetch follows it) */
+} tio_plan_windows;
+
+/* Allocate (zeroed) for n periods: 0 or -ENOMEM (free either way). */
+int tio_plan_windows_init(tio_plan_windows *w, uint32_t n_periods);
+void tio_plan_windows_free(tio_plan_windows *w);
+
+/* Emit period i's offload/prefetch pair (tio_plan_emit_pair) into
+ * res->migrations and record it in w.  Returns 0 or -ENOMEM. */
+int tio_plan_choose(tio_plan_result *res, tio_plan_windows *w, uint32_t n_kernels,
+                    const tio_inactive_period *per, uint32_t i, uint64_t k_off, uint64_t k_pre,
+                    tio_tier tier);
+
+/* The synchronous finish (plan_sync.c), over a planner's own bandwidth
+ * bookkeeping through these operations.  Channels are TIO_CH_*; kernel
+ * ranges are unwrapped (< 2 n_kernels). */
+typedef struct {
+    const tio_trace *trace;
+    const tio_lifetime *lt;
+    uint64_t capacity, host_cap;
+    uint32_t kind_mask;
+    const double *gbps;            /* [TIO_CH_N] GB/s */
+    tio_plan_result *res;          /* M' (res->planned) and the migrations */
+    tio_plan_windows *win;
+    void *planner;                 /* handed to the operations */
+    /* bytes channel ch can still move over kernels [from, to) */
+    uint64_t (*budget)(void *planner, int ch, uint64_t from, uint64_t to);
+    /* Algorithm 1's walk for per's bytes on channel ch (planner.c): forward
+     * from the last use for an offload (*k = k_off), back from the next use
+     * for a prefetch (*k = k_pre); false if they do not fit in the period */
+    bool (*walk)(void *planner, int ch, bool offload, const tio_inactive_period *per,
+                 uint64_t *k);
+    /* host memory holds per's bytes over [last_use + 1, next_use) */
+    bool (*host_room)(void *planner, const tio_inactive_period *per);
+    /* choose period i over [k_off, k_pre) on `tier`, booking write_bytes
+     * forward from its last use and read_bytes back from its next use */
+    int (*place)(void *planner, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                 uint64_t write_bytes, uint64_t read_bytes);
+    /* M' -= bytes over [from, to) */
+    void (*uncover)(void *planner, uint64_t from, uint64_t to, uint64_t bytes);
+} tio_plan_sync;
+
+/* Move tensors synchronously until M' is within capacity wherever it can
+ * be (plan_sync.c); adds the predicted stall to *stall_ns.  0 or -ENOMEM. */
+int tio_plan_sync_finish(const tio_plan_sync *sy, double *stall_ns);
+
+/* A predicted stall in ns as the plan stores it (rounded, saturated). */
+uint64_t tio_plan_stall_ns(double ns);
+
+/* Finish a planner's work: sort the migrations, move them and M' into a
+ * new tio_plan with its peak, totals and the planning time since `t0_ns`.
+ * On success the result's list and M' are emptied (the plan owns them); on
+ * failure (-ENOMEM, or the sort's error) nothing moves. */
+int tio_plan_assemble(tio_plan_result *res, const tio_trace *trace, uint64_t capacity_bytes,
+                      uint64_t t0_ns, tio_plan **out);
 
 #endif

@@ -29,39 +29,6 @@
 #include "common/util.h"
 #include "plan/plan_internal.h"
 
-/* ---- ordering ------------------------------------------------------------ */
-
-typedef struct {
-    tio_migration m;
-    uint32_t seq;
-} seq_migration;
-
-static int cmp_trigger(const void *x, const void *y)
-{
-    const seq_migration *a = x, *b = y;
-    if (a->m.trigger_kernel != b->m.trigger_kernel)
-        return a->m.trigger_kernel < b->m.trigger_kernel ? -1 : 1;
-    if (a->m.kind != b->m.kind)
-        return a->m.kind == TIO_MIGRATION_OFFLOAD ? -1 : 1;
-    return a->seq < b->seq ? -1 : a->seq > b->seq;
-}
-
-int tio_plan_sort_migrations(tio_migration *m, uint32_t n)
-{
-    if (n < 2)
-        return 0;
-    seq_migration *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!tmp)
-        return tio_fail(-ENOMEM, "out of memory sorting %u migrations", n);
-    for (uint32_t i = 0; i < n; i++)
-        tmp[i] = (seq_migration){m[i], i};
-    qsort(tmp, n, sizeof *tmp, cmp_trigger);
-    for (uint32_t i = 0; i < n; i++)
-        m[i] = tmp[i].m;
-    free(tmp);
-    return 0;
-}
-
 const char *tio_tier_name(tio_tier tier)
 {
     switch (tier) {

@@ -1,6 +1,6 @@
 /*
- * plan/planner.c — planner v1: TERAIO's Algorithm 1 (arXiv 2506.06472,
- * §3.3), in the faithful form DESIGN.md describes ("Planning").
+ * plan/planner.c — TIO_PLANNER_ALG1: TERAIO's Algorithm 1 (arXiv
+ * 2506.06472, §3.3), in the faithful form DESIGN.md describes ("Planning").
  *
  * State, one entry per kernel k of the iteration (indices taken modulo
  * n_kernels, so a wrap-around period's kernels n..2n-1 land on 0..n-1):
@@ -38,14 +38,11 @@
  * stays simple enough to verify by hand.
  */
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
 #include "plan/plan_internal.h"
-
-enum { CH_SSD_WRITE, CH_SSD_READ, CH_HOST_WRITE, CH_HOST_READ, N_CHANNELS };
 
 typedef struct {
     const tio_trace *trace;
@@ -53,11 +50,14 @@ typedef struct {
     uint32_t n;                    /* kernels per iteration */
     uint64_t capacity;
     uint64_t host_cap;
-    uint64_t *planned;             /* [n] M' */
-    uint64_t *budget[N_CHANNELS];  /* [n] bytes left per channel */
+    uint64_t *budget[TIO_CH_N];    /* [n] bytes left per channel */
+    uint64_t *prefix[TIO_CH_N];    /* [n + 1] prefix sums of budget, for the
+                                      synchronous finish's range sums */
+    bool prefix_stale[TIO_CH_N];   /* budget changed since prefix was summed */
     uint64_t *host;                /* [n] bytes in the host tier */
-    tio_migration_list migrations;
-    uint64_t bytes_to_ssd, bytes_to_host;
+    tio_plan_result res;           /* migrations, M' (res.planned) and totals */
+    tio_plan_windows win;          /* the periods chosen, and their windows */
+    double gbps[TIO_CH_N];
 } planner;
 
 /* Where one candidate would go this round. */
@@ -67,13 +67,6 @@ typedef struct {
     uint64_t k_off, k_pre;         /* unwrapped: a < k_off < k_pre < b */
     uint64_t score_ns;
 } placement;
-
-void tio_plan_options_default(tio_plan_options *opt)
-{
-    memset(opt, 0, sizeof *opt);
-    opt->ssd_read_gbps = 2.0;
-    opt->ssd_write_gbps = 1.5;
-}
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
@@ -120,7 +113,7 @@ static uint64_t over_capacity_ns(const planner *p, uint64_t from, uint64_t to)
 {
     uint64_t sum = 0;
     for (uint64_t k = from; k < to; k++)
-        if (p->planned[k % p->n] > p->capacity)
+        if (p->res.planned[k % p->n] > p->capacity)
             sum += p->trace->kernels[k % p->n].duration_ns;
     return sum;
 }
@@ -152,54 +145,46 @@ static placement place_on(const planner *p, const tio_inactive_period *per, int 
 
 static placement place(const planner *p, const tio_inactive_period *per)
 {
-    placement pl = place_on(p, per, CH_SSD_WRITE, CH_SSD_READ, TIO_TIER_SSD);
+    placement pl = place_on(p, per, TIO_CH_SSD_WRITE, TIO_CH_SSD_READ, TIO_TIER_SSD);
     if (pl.ok || p->host_cap == 0 || !host_has_room(p, per))
         return pl;
-    return place_on(p, per, CH_HOST_WRITE, CH_HOST_READ, TIO_TIER_HOST);
-}
-
-int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
-                       const tio_inactive_period *per, uint64_t k_off, uint64_t k_pre,
-                       tio_tier tier)
-{
-    int rc = tio_grow((void **)&list->m, &list->cap, list->n + 2, sizeof *list->m);
-    if (rc)
-        return rc;
-    list->m[list->n++] = (tio_migration){
-        .tensor = per->tensor,
-        .kind = TIO_MIGRATION_OFFLOAD,
-        .trigger_kernel = (uint32_t)((per->last_use + 1ull) % n_kernels),
-        .deadline_kernel = (uint32_t)(k_off % n_kernels),
-        .tier = tier,
-        .bytes = per->bytes,
-    };
-    list->m[list->n++] = (tio_migration){
-        .tensor = per->tensor,
-        .kind = TIO_MIGRATION_PREFETCH,
-        .trigger_kernel = (uint32_t)(k_pre % n_kernels),
-        .deadline_kernel = (uint32_t)(per->next_use % n_kernels),
-        .tier = tier,
-        .bytes = per->bytes,
-    };
-    return 0;
+    return place_on(p, per, TIO_CH_HOST_WRITE, TIO_CH_HOST_READ, TIO_TIER_HOST);
 }
 
 /* Commit a placement: migrations, M', bandwidth, host tier. */
-static int apply(planner *p, const tio_inactive_period *per, const placement *pl)
+/* M' -= bytes over [from, to). */
+static void uncover(void *q, uint64_t from, uint64_t to, uint64_t bytes)
 {
+    planner *p = q;
+    for (uint64_t k = from; k < to; k++)
+        p->res.planned[k % p->n] -= bytes;
+}
+
+/* Commit period i's placement over [k_off, k_pre) on `tier`: migrations,
+ * M', bandwidth (write_bytes booked forward from the last use, read_bytes
+ * back from the next use: all of s for a placement the walks found, less
+ * for a synchronous one), host tier. */
+static int apply_booked(void *q, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                        uint64_t write_bytes, uint64_t read_bytes)
+{
+    planner *p = q;
+    const tio_inactive_period *per = &p->lt->periods[i];
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes, unused;
-    bool ssd = pl->tier == TIO_TIER_SSD;
-    int rc = tio_plan_emit_pair(&p->migrations, p->n, per, pl->k_off, pl->k_pre, pl->tier);
+    bool ssd = tier == TIO_TIER_SSD;
+    int rc = tio_plan_choose(&p->res, &p->win, p->n, per, i, k_off, k_pre, tier);
     if (rc)
         return rc;
-    walk_offload(p->budget[ssd ? CH_SSD_WRITE : CH_HOST_WRITE], p->n, a, b, s, true, &unused);
-    walk_prefetch(p->budget[ssd ? CH_SSD_READ : CH_HOST_READ], p->n, a, b, s, true, &unused);
-    for (uint64_t k = pl->k_off; k < pl->k_pre; k++)
-        p->planned[k % p->n] -= s;
+    p->prefix_stale[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE] = true;
+    p->prefix_stale[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ] = true;
+    walk_offload(p->budget[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], p->n, a, b, write_bytes,
+                 true, &unused);
+    walk_prefetch(p->budget[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], p->n, a, b, read_bytes,
+                  true, &unused);
+    uncover(p, k_off, k_pre, s);
     if (ssd) {
-        p->bytes_to_ssd += s;
+        p->res.bytes_to_ssd += s;
     } else {
-        p->bytes_to_host += s;
+        p->res.bytes_to_host += s;
         for (uint64_t k = a + 1; k < b; k++)
             p->host[k % p->n] += s;
     }
@@ -234,7 +219,7 @@ static int plan_rounds(planner *p)
         return tio_fail(-ENOMEM, "out of memory for %u planning candidates", lt->n_periods);
     memset(alive, 1, lt->n_periods);
     int rc = 0;
-    while (max_of(p->planned, p->n) > p->capacity) {
+    while (max_of(p->res.planned, p->n) > p->capacity) {
         placement best = {.ok = false};
         uint32_t best_i = 0;
         for (uint32_t i = 0; i < lt->n_periods; i++) {
@@ -253,7 +238,8 @@ static int plan_rounds(planner *p)
         if (!best.ok)
             break;
         alive[best_i] = false;
-        rc = apply(p, &lt->periods[best_i], &best);
+        uint64_t bytes = lt->periods[best_i].bytes;
+        rc = apply_booked(p, best_i, best.k_off, best.k_pre, best.tier, bytes, bytes);
         if (rc)
             break;
     }
@@ -261,59 +247,16 @@ static int plan_rounds(planner *p)
     return rc;
 }
 
-static uint64_t budget_bytes(double gbps, uint64_t duration_ns)
-{
-    double b = floor(gbps * (double)duration_ns);
-    return b >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)b;
-}
-
-int tio_plan_check_inputs(const tio_trace *trace, const tio_lifetime *lt,
-                          const tio_plan_options *opt)
-{
-    if (!trace || !lt || !opt)
-        return tio_fail(-EINVAL, "tio_plan_build: trace, lifetime and options are required");
-    if (lt->n_kernels != trace->n_kernels || lt->n_tensors != trace->n_tensors)
-        return tio_fail(-EINVAL, "lifetime analysis (%u kernels, %u tensors) is not of this "
-                        "trace (%u kernels, %u tensors)", lt->n_kernels, lt->n_tensors,
-                        trace->n_kernels, trace->n_tensors);
-    if (trace->n_kernels == 0)
-        return tio_fail(-EINVAL, "the trace has no kernels: there is nothing to plan");
-    if (opt->capacity_bytes == 0)
-        return tio_fail(-EINVAL, "capacity must be > 0 bytes");
-    if (!(opt->ssd_read_gbps > 0) || !isfinite(opt->ssd_read_gbps) ||
-        !(opt->ssd_write_gbps > 0) || !isfinite(opt->ssd_write_gbps))
-        return tio_fail(-EINVAL, "SSD bandwidths must be finite and > 0 GB/s (read %g, write %g)",
-                        opt->ssd_read_gbps, opt->ssd_write_gbps);
-    if (!(opt->host_to_device_gbps >= 0) || !isfinite(opt->host_to_device_gbps) ||
-        !(opt->device_to_host_gbps >= 0) || !isfinite(opt->device_to_host_gbps))
-        return tio_fail(-EINVAL, "host channel bandwidths must be finite and >= 0 GB/s");
-    for (uint32_t i = 0; i < lt->n_periods; i++) {
-        const tio_inactive_period *per = &lt->periods[i];
-        if (per->tensor >= trace->n_tensors || per->last_use >= lt->n_kernels ||
-            per->next_use < (uint64_t)per->last_use + 2 ||
-            per->next_use > (uint64_t)per->last_use + lt->n_kernels || per->bytes == 0)
-            return tio_fail(-EINVAL, "inactive period %u (tensor %u, kernels %u..%u) is "
-                            "malformed", i, per->tensor, per->last_use, per->next_use);
-    }
-    if (opt->capacity_bytes < lt->max_active_bytes) {
-        uint32_t k = 0;
-        while (k + 1 < lt->n_kernels && lt->active_bytes[k] != lt->max_active_bytes)
-            k++;
-        char cap[32], need[32];
-        return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s",
-                        tio_format_bytes(opt->capacity_bytes, cap), k,
-                        trace->kernels[k].name, tio_format_bytes(lt->max_active_bytes, need));
-    }
-    return 0;
-}
-
 static void planner_free(planner *p)
 {
-    free(p->planned);
-    for (int c = 0; c < N_CHANNELS; c++)
+    free(p->res.planned);
+    for (int c = 0; c < TIO_CH_N; c++) {
         free(p->budget[c]);
+        free(p->prefix[c]);
+    }
     free(p->host);
-    free(p->migrations.m);
+    free(p->res.migrations.m);
+    tio_plan_windows_free(&p->win);
 }
 
 static int planner_init(planner *p, const tio_trace *trace, const tio_lifetime *lt,
@@ -325,90 +268,80 @@ static int planner_init(planner *p, const tio_trace *trace, const tio_lifetime *
     p->n = lt->n_kernels;
     p->capacity = opt->capacity_bytes;
     p->host_cap = opt->host_cap_bytes;
-    size_t cells = p->n ? p->n : 1;
-    p->planned = malloc(cells * sizeof *p->planned);
-    p->host = calloc(cells, sizeof *p->host);
-    for (int c = 0; c < N_CHANNELS; c++)
-        p->budget[c] = malloc(cells * sizeof *p->budget[c]);
-    bool ok = p->planned && p->host;
-    for (int c = 0; c < N_CHANNELS; c++)
-        ok = ok && p->budget[c];
+    p->res.planned = malloc((size_t)p->n * sizeof *p->res.planned);
+    p->host = calloc(p->n, sizeof *p->host);
+    bool ok = p->res.planned && p->host && !tio_plan_windows_init(&p->win, lt->n_periods);
+    for (int c = 0; c < TIO_CH_N; c++) {
+        ok = (p->budget[c] = malloc((size_t)p->n * sizeof *p->budget[c])) && ok;
+        ok = (p->prefix[c] = calloc((size_t)p->n + 1, sizeof *p->prefix[c])) && ok;
+        p->prefix_stale[c] = true;
+    }
     if (!ok) {
         planner_free(p);
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", p->n);
     }
-    double gbps[N_CHANNELS] = {
-        [CH_SSD_WRITE] = opt->ssd_write_gbps,
-        [CH_SSD_READ] = opt->ssd_read_gbps,
-        [CH_HOST_WRITE] = opt->device_to_host_gbps > 0 ? opt->device_to_host_gbps
-                                                        : opt->ssd_write_gbps,
-        [CH_HOST_READ] = opt->host_to_device_gbps > 0 ? opt->host_to_device_gbps
-                                                       : opt->ssd_read_gbps,
-    };
+    tio_plan_channel_gbps(opt, p->gbps);
     for (uint32_t k = 0; k < p->n; k++) {
-        p->planned[k] = lt->memory_bytes[k];
-        for (int c = 0; c < N_CHANNELS; c++)
-            p->budget[c][k] = budget_bytes(gbps[c], trace->kernels[k].duration_ns);
+        p->res.planned[k] = lt->memory_bytes[k];
+        for (int c = 0; c < TIO_CH_N; c++)
+            p->budget[c][k] = tio_plan_budget_bytes(p->gbps[c],
+                                                    (double)trace->kernels[k].duration_ns,
+                                                    TIO_PLAN_BUDGET_MAX(p->n));
     }
     return 0;
 }
 
-int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,
-                   const tio_plan_options *opt, tio_plan **out)
+/* ---- the synchronous finish's operations (plan_sync.c) --------------------- */
+
+/* Budget of unwrapped kernels [0, x), x <= 2n. */
+static uint64_t prefix_at(const planner *p, int ch, uint64_t x)
 {
-    if (!out)
-        return tio_fail(-EINVAL, "tio_plan_build: out is NULL");
-    *out = NULL;
-    uint64_t t0 = tio_now_ns();
-    int rc = tio_plan_check_inputs(trace, lt, opt);
-    if (rc)
-        return rc;
+    return x <= p->n ? p->prefix[ch][x] : p->prefix[ch][p->n] + p->prefix[ch][x - p->n];
+}
+
+static uint64_t op_budget(void *q, int ch, uint64_t from, uint64_t to)
+{
+    planner *p = q;
+    if (p->prefix_stale[ch]) {
+        for (uint32_t k = 0; k < p->n; k++)
+            p->prefix[ch][k + 1] = p->prefix[ch][k] + p->budget[ch][k];
+        p->prefix_stale[ch] = false;
+    }
+    return from < to ? prefix_at(p, ch, to) - prefix_at(p, ch, from) : 0;
+}
+
+static bool op_walk(void *q, int ch, bool offload, const tio_inactive_period *per, uint64_t *k)
+{
+    planner *p = q;
+    return (offload ? walk_offload : walk_prefetch)(p->budget[ch], p->n, per->last_use,
+                                                    per->next_use, per->bytes, false, k);
+}
+
+static bool op_host_room(void *q, const tio_inactive_period *per) { return host_has_room(q, per); }
+
+int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
+                        const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out)
+{
     planner p;
-    rc = planner_init(&p, trace, lt, opt);
+    int rc = planner_init(&p, trace, lt, opt);
     if (rc)
         return rc;
     rc = plan_rounds(&p);
-    if (!rc)
-        rc = tio_plan_assemble(&p.migrations, &p.planned, p.n, trace->n_tensors, p.capacity,
-                               max_of(p.host, p.n), p.bytes_to_ssd, p.bytes_to_host, t0, out);
+    double stall_ns = 0;
+    if (!rc && opt->synchronous_moves) {
+        tio_plan_sync sy = {
+            .trace = trace, .lt = lt, .capacity = p.capacity, .host_cap = p.host_cap,
+            .gbps = p.gbps, .res = &p.res, .win = &p.win, .planner = &p,
+            .budget = op_budget, .walk = op_walk, .host_room = op_host_room,
+            .place = apply_booked, .uncover = uncover,
+        };
+        rc = tio_plan_sync_finish(&sy, &stall_ns);
+    }
+    if (!rc) {
+        p.res.peak_host_bytes = max_of(p.host, p.n);
+        p.res.predicted_stall_ns = tio_plan_stall_ns(stall_ns);
+        rc = tio_plan_assemble(&p.res, trace, p.capacity, t0_ns, out);
+    }
     planner_free(&p);
     return rc;
-}
-
-int tio_plan_assemble(tio_migration_list *list, uint64_t **planned, uint32_t n_kernels,
-                      uint32_t n_tensors, uint64_t capacity_bytes, uint64_t peak_host_bytes,
-                      uint64_t bytes_to_ssd, uint64_t bytes_to_host, uint64_t t0_ns,
-                      tio_plan **out)
-{
-    int rc = tio_plan_sort_migrations(list->m, list->n);
-    if (rc)
-        return rc;
-    tio_plan *plan = calloc(1, sizeof *plan);
-    if (!plan)
-        return tio_fail(-ENOMEM, "out of memory for the plan");
-    plan->n_kernels = n_kernels;
-    plan->n_tensors = n_tensors;
-    plan->capacity_bytes = capacity_bytes;
-    plan->n_migrations = list->n;
-    plan->migrations = list->m;
-    plan->planned_memory_bytes = *planned;
-    plan->planned_peak_bytes = max_of(*planned, n_kernels);
-    plan->peak_host_bytes = peak_host_bytes;
-    plan->bytes_to_ssd = bytes_to_ssd;
-    plan->bytes_to_host = bytes_to_host;
-    plan->fits = plan->planned_peak_bytes <= capacity_bytes;
-    plan->plan_seconds = (double)(tio_now_ns() - t0_ns) / 1e9;
-    *list = (tio_migration_list){0};
-    *planned = NULL;
-    *out = plan;
-    return 0;
-}
-
-void tio_plan_destroy(tio_plan *plan)
-{
-    if (!plan)
-        return;
-    free(plan->migrations);
-    free(plan->planned_memory_bytes);
-    free(plan);
 }

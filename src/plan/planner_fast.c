@@ -1,5 +1,6 @@
 /*
- * plan/planner_fast.c — the fast planner (strategy "teraio").
+ * plan/planner_fast.c — TIO_PLANNER_TERAIO, the default planner (strategy
+ * "teraio").
  *
  * It makes Algorithm 1's greedy choice (planner.c has the reference and the
  * meaning of every quantity) without re-scoring every candidate each round:
@@ -57,8 +58,6 @@
 
 #include "common/util.h"
 #include "plan/plan_internal.h"
-
-enum { CH_SSD_WRITE, CH_SSD_READ, CH_HOST_WRITE, CH_HOST_READ, N_CHANNELS };
 
 /* ---- a channel's budget: Fenwick tree + next/prev union-find --------------- */
 
@@ -169,9 +168,9 @@ static int ch_init(channel *c, uint32_t n, double gbps, const tio_trace *trace,
     }
     c->prev[0] = 0;
     for (uint32_t k = 0; k < n; k++) {
-        double b = floor(gbps * ((double)trace->kernels[k].duration_ns + extra_ns[k]));
-        uint64_t cap = UINT64_MAX / (4 * ((uint64_t)n + 1)); /* 2 x total must fit */
-        c->cell[k] = b >= (double)cap ? cap : (uint64_t)b;
+        /* 2 x the total must fit in 64 bits (ch_F over two iterations) */
+        c->cell[k] = tio_plan_budget_bytes(gbps, (double)trace->kernels[k].duration_ns + extra_ns[k],
+                                           TIO_PLAN_BUDGET_MAX(n));
         c->fen[k + 1] += c->cell[k];
         uint32_t up = (k + 1) + ((k + 1) & -(k + 1));
         if (up <= n)
@@ -438,19 +437,19 @@ typedef struct {
 typedef struct {
     const tio_trace *trace;
     const tio_lifetime *lt;
-    tio_plan_fast_options fopt;
-    bool *applied;              /* [n_periods] chosen already */
-    double gbps[N_CHANNELS];
+    tio_plan_options opt;
+    tio_plan_windows win;       /* the periods chosen, and their windows */
+    double planned_stall_ns;    /* sum of the stall budget this attempt was given */
+    double sync_stall_ns;       /* predicted wait of its synchronous moves */
+    double gbps[TIO_CH_N];
     uint32_t n;
     uint64_t capacity, host_cap;
-    uint64_t *planned;          /* [n] M' */
-    channel ch[N_CHANNELS];
+    channel ch[TIO_CH_N];
     overtree over;
     maxtree host;
     heap_item *heap;
     uint32_t heap_n;
-    tio_migration_list migrations;
-    uint64_t bytes_to_ssd, bytes_to_host;
+    tio_plan_result res;        /* migrations, M' (res.planned) and totals */
 } fast;
 
 typedef struct {
@@ -529,33 +528,47 @@ static bool host_has_room(const fast *f, const tio_inactive_period *per)
  * the larger of the two tiers' scores, each of which only falls. */
 static placement place(const fast *f, const tio_inactive_period *per, uint64_t *bound)
 {
-    placement ssd = place_on(f, per, CH_SSD_WRITE, CH_SSD_READ, TIO_TIER_SSD);
+    placement ssd = place_on(f, per, TIO_CH_SSD_WRITE, TIO_CH_SSD_READ, TIO_TIER_SSD);
     placement host = {.ok = false, .tier = TIO_TIER_HOST};
     if (f->host_cap > 0 && host_has_room(f, per))
-        host = place_on(f, per, CH_HOST_WRITE, CH_HOST_READ, TIO_TIER_HOST);
+        host = place_on(f, per, TIO_CH_HOST_WRITE, TIO_CH_HOST_READ, TIO_TIER_HOST);
     uint64_t s = ssd.ok ? ssd.score_ns : 0, h = host.ok ? host.score_ns : 0;
     *bound = s > h ? s : h;
-    if (ssd.ok && !f->fopt.best_tier)
+    if (ssd.ok && !f->opt.best_tier)
         return ssd;
     return host.ok && h > s ? host : ssd;
 }
 
-static int apply(fast *f, const tio_inactive_period *per, const placement *pl)
+/* M' -= bytes over [from, to), in the array and the over-capacity tree. */
+static void uncover(void *p, uint64_t from, uint64_t to, uint64_t bytes)
 {
+    fast *f = p;
+    for (uint64_t k = from; k < to; k++)
+        f->res.planned[k % f->n] -= bytes;
+    ot_range_sub(&f->over, from, to, bytes);
+}
+
+/* Commit period i's placement over [k_off, k_pre) on `tier`: its
+ * migrations, the bandwidth it books on each channel (all of s for a
+ * placement the walks found; less for a synchronous one, whose rest is
+ * stall), M', the host tier. */
+static int apply_booked(void *p, uint32_t i, uint64_t k_off, uint64_t k_pre, tio_tier tier,
+                        uint64_t write_bytes, uint64_t read_bytes)
+{
+    fast *f = p;
+    const tio_inactive_period *per = &f->lt->periods[i];
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
-    bool ssd = pl->tier == TIO_TIER_SSD;
-    int rc = tio_plan_emit_pair(&f->migrations, f->n, per, pl->k_off, pl->k_pre, pl->tier);
+    bool ssd = tier == TIO_TIER_SSD;
+    int rc = tio_plan_choose(&f->res, &f->win, f->n, per, i, k_off, k_pre, tier);
     if (rc)
         return rc;
-    ch_book_offload(&f->ch[ssd ? CH_SSD_WRITE : CH_HOST_WRITE], a, s);
-    ch_book_prefetch(&f->ch[ssd ? CH_SSD_READ : CH_HOST_READ], b, s);
-    for (uint64_t k = pl->k_off; k < pl->k_pre; k++)
-        f->planned[k % f->n] -= s;
-    ot_range_sub(&f->over, pl->k_off, pl->k_pre, s);
+    ch_book_offload(&f->ch[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], a, write_bytes);
+    ch_book_prefetch(&f->ch[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], b, read_bytes);
+    uncover(f, k_off, k_pre, s);
     if (ssd) {
-        f->bytes_to_ssd += s;
+        f->res.bytes_to_ssd += s;
     } else {
-        f->bytes_to_host += s;
+        f->res.bytes_to_host += s;
         mt_range_add(&f->host, a + 1, b, s);
     }
     return 0;
@@ -563,7 +576,7 @@ static int apply(fast *f, const tio_inactive_period *per, const placement *pl)
 
 static bool movable(const fast *f, const tio_inactive_period *per)
 {
-    uint32_t mask = f->fopt.kind_mask;
+    uint32_t mask = f->opt.kind_mask;
     return mask == 0 || (mask >> f->trace->tensors[per->tensor].kind) & 1u;
 }
 
@@ -601,8 +614,8 @@ static int fast_rounds(fast *f)
         for (uint32_t i = 0; i < n_popped; i++)
             if (popped[i].index != best.index)
                 heap_push(f, popped[i]);
-        f->applied[best.index] = true;
-        rc = apply(f, &lt->periods[best.index], &best_pl);
+        uint64_t bytes = lt->periods[best.index].bytes;
+        rc = apply_booked(f, best.index, best_pl.k_off, best_pl.k_pre, best_pl.tier, bytes, bytes);
     }
     free(popped);
     return rc;
@@ -614,7 +627,7 @@ static void fast_seed(fast *f)
     const tio_lifetime *lt = f->lt;
     f->heap_n = 0;
     for (uint32_t i = 0; i < lt->n_periods; i++) {
-        if (f->applied[i] || !movable(f, &lt->periods[i]))
+        if (f->win.chosen[i] || !movable(f, &lt->periods[i]))
             continue;
         uint64_t bound;
         place(f, &lt->periods[i], &bound);
@@ -642,19 +655,19 @@ static double deficit_ns(const fast *f, uint32_t k, double read_gbps)
  * one. */
 static void add_planned_stalls(const fast *f, double *extra_ns)
 {
-    double write_gbps = f->gbps[CH_SSD_WRITE] + (f->host_cap ? f->gbps[CH_HOST_WRITE] : 0);
-    double read_gbps = f->gbps[CH_SSD_READ] + (f->host_cap ? f->gbps[CH_HOST_READ] : 0);
+    double write_gbps = f->gbps[TIO_CH_SSD_WRITE] + (f->host_cap ? f->gbps[TIO_CH_HOST_WRITE] : 0);
+    double read_gbps = f->gbps[TIO_CH_SSD_READ] + (f->host_cap ? f->gbps[TIO_CH_HOST_READ] : 0);
     uint32_t k = 0;
     while (k < f->n) {
-        if (f->planned[k] <= f->capacity) {
+        if (f->res.planned[k] <= f->capacity) {
             k++;
             continue;
         }
         uint32_t end = k;
         uint64_t peak = 0;
         double sum = 0, deficit = 0;
-        while (end < f->n && f->planned[end] > f->capacity) {
-            uint64_t e = f->planned[end] - f->capacity;
+        while (end < f->n && f->res.planned[end] > f->capacity) {
+            uint64_t e = f->res.planned[end] - f->capacity;
             peak = e > peak ? e : peak;
             sum += (double)e;
             deficit += deficit_ns(f, end, read_gbps);
@@ -663,7 +676,7 @@ static void add_planned_stalls(const fast *f, double *extra_ns)
         double run_ns = (double)peak / write_gbps;
         for (uint32_t j = k; j < end; j++) {
             double w = deficit > 0 ? deficit_ns(f, j, read_gbps) / deficit
-                                   : (double)(f->planned[j] - f->capacity) / sum;
+                                   : (double)(f->res.planned[j] - f->capacity) / sum;
             extra_ns[j] += run_ns * w;
         }
         k = end;
@@ -681,25 +694,25 @@ static double attempt_cost(const fast *f, const double *extra_ns)
     for (uint32_t k = 0; k < f->n; k++) {
         cost += extra_ns[k];
         uint32_t p = k ? k - 1 : f->n - 1;
-        uint64_t o = f->planned[k] > f->capacity ? f->planned[k] - f->capacity : 0;
-        uint64_t q = f->planned[p] > f->capacity ? f->planned[p] - f->capacity : 0;
+        uint64_t o = f->res.planned[k] > f->capacity ? f->res.planned[k] - f->capacity : 0;
+        uint64_t q = f->res.planned[p] > f->capacity ? f->res.planned[p] - f->capacity : 0;
         swap += (double)(o > q ? o - q : q - o);
         floor = o < floor ? o : floor;
     }
-    return cost + (swap + 2.0 * (double)floor) / f->gbps[CH_SSD_WRITE];
+    return cost + (swap + 2.0 * (double)floor) / f->gbps[TIO_CH_SSD_WRITE];
 }
 
 static void fast_free(fast *f)
 {
-    free(f->planned);
-    for (int c = 0; c < N_CHANNELS; c++)
+    free(f->res.planned);
+    for (int c = 0; c < TIO_CH_N; c++)
         ch_free(&f->ch[c]);
     ot_free(&f->over);
     free(f->host.max);
     free(f->host.lazy);
     free(f->heap);
-    free(f->applied);
-    free(f->migrations.m);
+    tio_plan_windows_free(&f->win);
+    free(f->res.migrations.m);
 }
 
 static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
@@ -710,70 +723,71 @@ static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
     f->n = lt->n_kernels;
     f->capacity = opt->capacity_bytes;
     f->host_cap = opt->host_cap_bytes;
-    f->planned = malloc((size_t)f->n * sizeof *f->planned);
+    f->res.planned = malloc((size_t)f->n * sizeof *f->res.planned);
     f->heap = malloc(((size_t)lt->n_periods + 1) * sizeof *f->heap);
-    f->applied = calloc((size_t)lt->n_periods + 1, sizeof *f->applied);
+    int wrc = tio_plan_windows_init(&f->win, lt->n_periods);
     f->host.n = f->n;
     f->host.size = 1;
     while (f->host.size < f->n)
         f->host.size *= 2;
     f->host.max = calloc(2 * (size_t)f->host.size, sizeof *f->host.max);
     f->host.lazy = calloc(2 * (size_t)f->host.size, sizeof *f->host.lazy);
-    if (!f->planned || !f->heap || !f->applied || !f->host.max || !f->host.lazy)
+    if (wrc || !f->res.planned || !f->heap || !f->host.max || !f->host.lazy)
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
-    memcpy(f->planned, lt->memory_bytes, (size_t)f->n * sizeof *f->planned);
-    double gbps[N_CHANNELS] = {
-        [CH_SSD_WRITE] = opt->ssd_write_gbps,
-        [CH_SSD_READ] = opt->ssd_read_gbps,
-        [CH_HOST_WRITE] = opt->device_to_host_gbps > 0 ? opt->device_to_host_gbps
-                                                        : opt->ssd_write_gbps,
-        [CH_HOST_READ] = opt->host_to_device_gbps > 0 ? opt->host_to_device_gbps
-                                                       : opt->ssd_read_gbps,
-    };
-    memcpy(f->gbps, gbps, sizeof gbps);
-    for (int c = 0; c < N_CHANNELS; c++)
-        if (ch_init(&f->ch[c], f->n, gbps[c], trace, extra_ns))
+    memcpy(f->res.planned, lt->memory_bytes, (size_t)f->n * sizeof *f->res.planned);
+    for (uint32_t k = 0; k < f->n; k++)
+        f->planned_stall_ns += extra_ns[k];
+    tio_plan_channel_gbps(opt, f->gbps);
+    for (int c = 0; c < TIO_CH_N; c++)
+        if (ch_init(&f->ch[c], f->n, f->gbps[c], trace, extra_ns))
             return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
-    if (ot_init(&f->over, f->planned, trace, f->capacity))
+    if (ot_init(&f->over, f->res.planned, trace, f->capacity))
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
     return 0;
 }
 
-void tio_plan_fast_options_default(tio_plan_fast_options *fopt)
+/* ---- the synchronous finish's operations (plan_sync.c) --------------------- */
+
+static uint64_t op_budget(void *p, int ch, uint64_t from, uint64_t to)
 {
-    fopt->kind_mask = 0;
-    fopt->best_tier = true;
-    fopt->planned_stalls = true;
+    const fast *f = p;
+    return from < to ? ch_F(&f->ch[ch], to) - ch_F(&f->ch[ch], from) : 0;
 }
 
-int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
-                        const tio_plan_options *opt, const tio_plan_fast_options *fopt,
-                        tio_plan **out)
+static bool op_walk(void *p, int ch, bool offload, const tio_inactive_period *per, uint64_t *k)
 {
-    if (!out)
-        return tio_fail(-EINVAL, "tio_plan_build_fast: out is NULL");
-    *out = NULL;
-    uint64_t t0 = tio_now_ns();
-    int rc = tio_plan_check_inputs(trace, lt, opt);
-    if (rc)
-        return rc;
-    if (lt->n_kernels == 0)
-        return tio_fail(-EINVAL, "tio_plan_build_fast: the trace has no kernels");
-    tio_plan_fast_options fo;
-    if (fopt)
-        fo = *fopt;
-    else
-        tio_plan_fast_options_default(&fo);
+    const fast *f = p;
+    return (offload ? ch_walk_offload : ch_walk_prefetch)(&f->ch[ch], per->last_use,
+                                                          per->next_use, per->bytes, k);
+}
+
+static bool op_host_room(void *p, const tio_inactive_period *per) { return host_has_room(p, per); }
+
+static int sync_finish(fast *f, double *stall_ns)
+{
+    tio_plan_sync sy = {
+        .trace = f->trace, .lt = f->lt, .capacity = f->capacity, .host_cap = f->host_cap,
+        .kind_mask = f->opt.kind_mask, .gbps = f->gbps, .res = &f->res, .win = &f->win,
+        .planner = f, .budget = op_budget, .walk = op_walk, .host_room = op_host_room,
+        .place = apply_booked, .uncover = uncover,
+    };
+    return tio_plan_sync_finish(&sy, stall_ns);
+}
+
+int tio_plan_build_teraio(const tio_trace *trace, const tio_lifetime *lt,
+                          const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out)
+{
     double *extra_ns = calloc(lt->n_kernels, sizeof *extra_ns);
     if (!extra_ns)
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", lt->n_kernels);
     fast f;
     double best_cost = 0;
     bool have = false;
+    int rc = 0;
     for (int attempt = 0, worse = 0; !rc && attempt <= STALL_ROUNDS && worse < 2; attempt++) {
         fast g;
         memset(&g, 0, sizeof g);
-        g.fopt = fo;
+        g.opt = *opt;
         rc = fast_init(&g, trace, lt, opt, extra_ns);
         if (!rc) {
             fast_seed(&g);
@@ -785,8 +799,16 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
         }
         double cost = attempt_cost(&g, extra_ns);
         bool over = g.over.min_over[1] != UINT64_MAX;
-        if (over && fo.planned_stalls)
+        if (over && opt->planned_stalls)
             add_planned_stalls(&g, extra_ns);
+        if (over && opt->synchronous_moves) {
+            rc = sync_finish(&g, &g.sync_stall_ns);
+            cost = g.planned_stall_ns + g.sync_stall_ns;
+        }
+        if (rc) {
+            fast_free(&g);
+            break;
+        }
         if (!have || cost < best_cost) {
             if (have)
                 fast_free(&f);
@@ -798,7 +820,7 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
             fast_free(&g);
             worse++;
         }
-        if (!over || !fo.planned_stalls)
+        if (!over || !opt->planned_stalls)
             break;
     }
     free(extra_ns);
@@ -807,9 +829,9 @@ int tio_plan_build_fast(const tio_trace *trace, const tio_lifetime *lt,
             fast_free(&f);
         return rc;
     }
-    rc = tio_plan_assemble(&f.migrations, &f.planned, f.n, trace->n_tensors, f.capacity,
-                           mt_range_max(&f.host, 0, f.n), f.bytes_to_ssd, f.bytes_to_host, t0,
-                           out);
+    f.res.peak_host_bytes = mt_range_max(&f.host, 0, f.n);
+    f.res.predicted_stall_ns = tio_plan_stall_ns(f.planned_stall_ns + f.sync_stall_ns);
+    rc = tio_plan_assemble(&f.res, trace, f.capacity, t0_ns, out);
     fast_free(&f);
     return rc;
 }

@@ -201,14 +201,15 @@ int tio_sim_pairs(const tio_plan *plan, uint32_t n_tensors, sim_pair **out, uint
             sp->bytes = o->bytes;
             sp->tier = o->tier;
             sp->trigger_k = o->trigger_kernel;
+            /* deadline == trigger: synchronous (plan.h), not a lap later */
             sp->off_k = o->deadline_kernel;
-            while (sp->off_k <= sp->trigger_k)
+            while (sp->off_k < sp->trigger_k)
                 sp->off_k += n;
             sp->pre_k = p->trigger_kernel;
             while (sp->pre_k < sp->off_k)
                 sp->pre_k += n;
             sp->due_k = p->deadline_kernel;
-            while (sp->due_k <= sp->pre_k)
+            while (sp->due_k < sp->pre_k)
                 sp->due_k += n;
             if (sp->due_k - sp->trigger_k > n) {
                 rc = tio_fail(-EINVAL, "plan: tensor %u stays off the device for more than an "
@@ -333,6 +334,16 @@ int tio_sim_report_init(tio_sim_report *r, uint32_t n)
     return 0;
 }
 
+int tio_sim_store_ns(double ns, const char *what, uint64_t *out)
+{
+    if (!(ns < 18446744073709551616.0)) /* 2^64; also NaN */
+        return tio_fail(-ERANGE, "the simulated %s time (%.3g s) does not fit in 64 bits of "
+                        "nanoseconds: a bandwidth of the profile is far too small for this trace",
+                        what, ns / 1e9);
+    *out = ns > 0 ? (uint64_t)ns : 0;
+    return 0;
+}
+
 void tio_sim_report_finish(tio_sim_report *r, const tio_trace *trace)
 {
     r->ideal_ns = tio_trace_iteration_ns(trace);
@@ -425,6 +436,31 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
                 r->busy_ns[c] += (double)x / gbps[c];
             }
         }
+        for (int c = 0; c < TIO_CH_N; c++)
+            chan_advance(&ch[c], start);
+        uint64_t issued = 0;
+        uint32_t first_issued = pi;
+        bool sync = false;
+        for (; pi < ne && by_issue[pi]->issue_g == g; pi++) {
+            sim_event *e = by_issue[pi];
+            e->left_ns = lat[e->channel] + (double)e->bytes / gbps[e->channel];
+            chan_push(&ch[e->channel], e);
+            issued += e->bytes;
+            sync = sync || e->due_g == g;
+            if (last) {
+                r->bytes[e->channel] += e->bytes;
+                r->busy_ns[e->channel] += (double)e->bytes / gbps[e->channel];
+            }
+        }
+        if (sync) {
+            /* synchronous migrations, due at the kernel that issues them:
+             * the most urgent work of their channels, and the kernel waits */
+            for (int c = 0; c < TIO_CH_N; c++)
+                chan_finish_due(&ch[c], g);
+            for (uint32_t i = first_issued; i < pi; i++)
+                if (by_issue[i]->due_g == g && by_issue[i]->done_ns > start)
+                    start = by_issue[i]->done_ns;
+        }
         if (last) {
             if (start > t) {
                 stall += start - t;
@@ -436,31 +472,19 @@ static int replay(const tio_trace *trace, const tio_hw *hw, const uint64_t *mcur
             if (over > r->overflow_bytes)
                 r->overflow_bytes = over;
         }
-        for (int c = 0; c < TIO_CH_N; c++)
-            chan_advance(&ch[c], start);
-        uint64_t issued = 0;
-        for (; pi < ne && by_issue[pi]->issue_g == g; pi++) {
-            sim_event *e = by_issue[pi];
-            e->left_ns = lat[e->channel] + (double)e->bytes / gbps[e->channel];
-            chan_push(&ch[e->channel], e);
-            issued += e->bytes;
-            if (last) {
-                r->bytes[e->channel] += e->bytes;
-                r->busy_ns[e->channel] += (double)e->bytes / gbps[e->channel];
-            }
-        }
         /* the kernel, the host's dispatch of it, and the host work of the
          * migrations it issued (both 0 on a GPU profile) */
         t = start + (double)trace->kernels[k].duration_ns + host_kernel_ns +
             (double)issued * host_byte_ns;
     }
-    r->iteration_ns = (uint64_t)(t - iter_start + 0.5);
-    r->stall_ns = (uint64_t)ceil(stall); /* any wait, however short, shows */
     for (int c = 0; c < TIO_CH_N; c++)
         free(ch[c].heap);
     free(by_issue);
     free(by_due);
-    return 0;
+    int rc = tio_sim_store_ns(t - iter_start + 0.5, "iteration", &r->iteration_ns);
+    if (!rc) /* any wait, however short, shows */
+        rc = tio_sim_store_ns(ceil(stall), "stall", &r->stall_ns);
+    return rc;
 }
 
 int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw,

@@ -14,6 +14,11 @@ double tio_sim_latency_ns(const tio_hw *hw, int ch);
 /* Zero a report and allocate its memory timeline of n kernels (0/-ENOMEM). */
 int tio_sim_report_init(tio_sim_report *r, uint32_t n);
 
+/* Store a simulated time of ns (rounded down) in *out; -ERANGE with a
+ * message naming `what` when it is not below 2^64 ns (584 years) — a
+ * bandwidth far too small for the trace — never a wrapped value. */
+int tio_sim_store_ns(double ns, const char *what, uint64_t *out);
+
 /* Fill ideal_ns and fraction_of_ideal from iteration_ns. */
 void tio_sim_report_finish(tio_sim_report *r, const tio_trace *trace);
 

@@ -105,19 +105,22 @@ int tio_sim_run(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *hw
     }
     tio_plan_options opt;
     tio_hw_plan_options(hw, &opt);
-    tio_plan *plan = NULL;
-    int rc;
     if (strategy == TIO_SIM_TERAIO_ALG1) {
-        rc = tio_plan_build(trace, lt, &opt, &plan);
-    } else {
-        tio_plan_fast_options fopt;
-        tio_plan_fast_options_default(&fopt);
-        if (strategy == TIO_SIM_FLASHNEURON) {
-            fopt.kind_mask = 1u << TIO_KIND_ACTIVATION; /* activations only, SSD only */
-            opt.host_cap_bytes = 0;
-        }
-        rc = tio_plan_build_fast(trace, lt, &opt, &fopt, &plan);
+        /* Algorithm 1's rules (with the authors' synchronous finish, the
+         * default: docs/baselines.md) on the teraio planner's data
+         * structures: the same plan as TIO_PLANNER_ALG1 (tests/c/test_sim.c),
+         * in O(log^2 kernels) a round instead of O(candidates x kernels). */
+        opt.best_tier = false;
+        opt.planned_stalls = false;
+    } else if (strategy == TIO_SIM_FLASHNEURON) {
+        /* activations only, SSD only, and none of teraio's synchronous moves:
+         * FlashNeuron leaves what it cannot hide to on-demand swapping */
+        opt.kind_mask = 1u << TIO_KIND_ACTIVATION;
+        opt.host_cap_bytes = 0;
+        opt.synchronous_moves = false;
     }
+    tio_plan *plan = NULL;
+    int rc = tio_plan_build(trace, lt, &opt, &plan);
     if (!rc)
         rc = tio_sim_plan(trace, lt, hw, plan, out);
     if (!rc && plan_out)

@@ -17,6 +17,7 @@
  * the device up from "globals resident in id order while they fit").
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,7 @@ typedef struct {
     double ch_free[TIO_CH_N], gbps[TIO_CH_N], lat[TIO_CH_N];
     tio_sim_report *r;
     bool record;
+    double stall_ns, iteration_ns; /* of the recorded iteration, stored at the end */
 } swapper;
 
 static void lru_remove(swapper *s, uint32_t t)
@@ -232,7 +234,7 @@ static double iterate(swapper *s, double now)
         double start = run_kernel(s, k, now);
         if (s->record) {
             if (start > now + 0.5) {
-                s->r->stall_ns += (uint64_t)(start - now);
+                s->stall_ns += floor(start - now);
                 s->r->n_stalls++;
             }
             s->r->memory_bytes[k] = s->resident;
@@ -251,13 +253,13 @@ static double iterate(swapper *s, double now)
         double begin = stream_done > now ? stream_done : now;
         double end = cpu_step(s, begin);
         if (s->record) {
-            s->r->stall_ns += (uint64_t)(end - now);
+            s->stall_ns += floor(end - now);
             s->r->n_stalls++;
         }
         now = end;
     }
     if (s->record)
-        s->r->iteration_ns = (uint64_t)(now - iter_start + 0.5);
+        s->iteration_ns = now - iter_start;
     return now;
 }
 
@@ -355,6 +357,11 @@ int tio_sim_swap(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *h
     s.record = true;
     iterate(&s, now);
     swapper_free(&s);
+    if ((rc = tio_sim_store_ns(s.iteration_ns + 0.5, "iteration", &out->iteration_ns)) ||
+        (rc = tio_sim_store_ns(s.stall_ns, "stall", &out->stall_ns))) {
+        tio_sim_report_free(out);
+        return rc;
+    }
     tio_sim_report_finish(out, trace);
     return 0;
 }

@@ -1,17 +1,21 @@
 /*
  * tok/encode.c — encoding, batch encoding and decoding.
  *
- * The hot path, per piece the split regex yields:
+ * The pieces come from the built-in splitter (split_builtin.h) for the
+ * patterns of the built-in encodings, PCRE2 for any other.  The hot path,
+ * per piece, inlined into the split loop:
  *   1. one byte: its byte token;
  *   2. pieces of up to TIO_TOK_CACHE_PIECE_BYTES: the per-thread cache of
  *      recent pieces (direct-mapped, so it is bounded and never evicts by
  *      scanning; whole-token pieces included, so frequent pieces are found
- *      in the core's own cache, not the shared token table): the cached ids;
+ *      in the core's own cache, not the shared token table), compared by
+ *      key (three words, tok_key): the cached ids;
  *   3. the whole piece is a token (one hash lookup; most pieces of real text
  *      are): that token;
- *   4. BPE merge.  Pieces of up to SMALL_PIECE bytes: arrays of (token, rank
- *      of the pair it starts) and a scan for the lowest rank, as tiktoken
- *      does; no rescans of bytes, each rank is a pair-table lookup by ids.
+ *   4. BPE merge, starting from the table of byte pairs.  Pieces of up to
+ *      SMALL_PIECE bytes: arrays of tokens, the rank of the pair each
+ *      starts, links to the live neighbours, and a scan for the lowest
+ *      rank; no rescans of bytes, each rank is a pair-table lookup by ids.
  *      Longer pieces: a doubly linked list of tokens and a binary min-heap of
  *      (rank, position), stale entries skipped on pop, O(n log n) — so a
  *      megabyte-long run of letters costs no more than its size suggests.
@@ -25,17 +29,20 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "tok/split_builtin.h"
 #include "tok/tok_internal.h"
 
 #define SMALL_PIECE 64
 #define CACHE_IDS 8
 
+_Static_assert(TIO_TOK_CACHE_PIECE_BYTES == TOK_KEY_BYTES, "cached pieces are compared by key");
+
 typedef struct {
-    uint32_t len;   /* 0: empty */
+    tok_key key;
+    uint32_t len; /* 0: empty */
     uint32_t n_ids;
-    uint8_t bytes[TIO_TOK_CACHE_PIECE_BYTES];
     uint32_t ids[CACHE_IDS];
-} cache_slot;
+} cache_slot; /* one cache line */
 
 struct tok_ctx {
     tok_ctx *next;
@@ -59,6 +66,11 @@ typedef struct {
     tok_ctx *ctx;
     uint32_t *ids;
     size_t n, cap;
+    /* tok_split_pieces: piece ends (offsets from base) go to ends[cap]
+     * instead of ids; `regex` forces PCRE2 for built-in patterns. */
+    size_t *ends;
+    const uint8_t *base;
+    bool regex;
 } encoder;
 
 /* ---- per-thread state -------------------------------------------------- */
@@ -149,46 +161,60 @@ void tok_free_ctxs(tio_tok *tok)
 
 /* ---- BPE merge --------------------------------------------------------- */
 
+/* Pieces of up to SMALL_PIECE bytes: token i starts at byte i; rank[i] is
+ * the merge rank of the pair (token i, the next live token), UINT32_MAX
+ * when it does not merge or i is gone.  Each round scans all n ranks for the
+ * lowest (the first of equal ones, so the leftmost pair), merges it and
+ * unlinks the right token: no shifting of arrays, no heap. */
 static size_t merge_small(const tio_tok *tok, const uint8_t *p, size_t n, uint32_t *out)
 {
-    uint32_t id[SMALL_PIECE], rank[SMALL_PIECE], next_id[SMALL_PIECE];
-    for (size_t i = 0; i < n; i++)
+    uint32_t id[SMALL_PIECE], rank[SMALL_PIECE], merged[SMALL_PIECE];
+    uint8_t next[SMALL_PIECE], prev[SMALL_PIECE];
+    enum { END = SMALL_PIECE };
+    for (size_t i = 0; i < n; i++) {
         id[i] = tok->byte_id[p[i]];
-    for (size_t i = 0; i + 1 < n; i++) {
-        const tok_pair_slot *s = tok_pair_find(tok, id[i], id[i + 1]);
-        rank[i] = s->rank;
-        next_id[i] = s->id;
+        next[i] = (uint8_t)(i + 1);
+        prev[i] = (uint8_t)(i - 1);
     }
-    size_t m = n;
-    while (m > 1) {
+    next[n - 1] = END;
+    prev[0] = END;
+    rank[n - 1] = UINT32_MAX;
+    for (size_t i = 0; i + 1 < n; i++) {
+        tok_merge m = tok->byte_pairs[p[i] * 256 + p[i + 1]];
+        rank[i] = m.rank;
+        merged[i] = m.id;
+    }
+    for (;;) {
         uint32_t best = UINT32_MAX;
         size_t at = 0;
-        for (size_t i = 0; i + 1 < m; i++)
+        for (size_t i = 0; i + 1 < n; i++)
             if (rank[i] < best) {
                 best = rank[i];
                 at = i;
             }
         if (best == UINT32_MAX)
             break;
-        id[at] = next_id[at];
-        m--;
-        for (size_t i = at + 1; i < m; i++) {
-            id[i] = id[i + 1];
-            rank[i] = rank[i + 1];
-            next_id[i] = next_id[i + 1];
-        }
-        if (at + 1 < m) {
-            const tok_pair_slot *s = tok_pair_find(tok, id[at], id[at + 1]);
+        size_t gone = next[at];
+        id[at] = merged[at];
+        rank[gone] = UINT32_MAX;
+        next[at] = next[gone];
+        if (next[gone] != END)
+            prev[next[gone]] = (uint8_t)at;
+        rank[at] = UINT32_MAX;
+        if (next[at] != END) {
+            const tok_pair_slot *s = tok_pair_find(tok, id[at], id[next[at]]);
             rank[at] = s->rank;
-            next_id[at] = s->id;
+            merged[at] = s->id;
         }
-        if (at > 0) {
-            const tok_pair_slot *s = tok_pair_find(tok, id[at - 1], id[at]);
-            rank[at - 1] = s->rank;
-            next_id[at - 1] = s->id;
+        if (prev[at] != END) {
+            const tok_pair_slot *s = tok_pair_find(tok, id[prev[at]], id[at]);
+            rank[prev[at]] = s->rank;
+            merged[prev[at]] = s->id;
         }
     }
-    memcpy(out, id, m * sizeof *id);
+    size_t m = 0;
+    for (size_t i = 0; i != END; i = next[i])
+        out[m++] = id[i];
     return m;
 }
 
@@ -240,11 +266,11 @@ static size_t merge_large(const tio_tok *tok, const uint8_t *p, size_t n, uint32
         prev[i] = i ? (uint32_t)(i - 1) : TOK_NONE;
     }
     for (size_t i = 0; i + 1 < n; i++) {
-        const tok_pair_slot *s = tok_pair_find(tok, id[i], id[i + 1]);
-        rank[i] = s->rank;
-        merged[i] = s->id;
-        if (s->rank != UINT32_MAX)
-            heap_push(heap, &hn, ((uint64_t)s->rank << 32) | i);
+        tok_merge m = tok->byte_pairs[p[i] * 256 + p[i + 1]];
+        rank[i] = m.rank;
+        merged[i] = m.id;
+        if (m.rank != UINT32_MAX)
+            heap_push(heap, &hn, ((uint64_t)m.rank << 32) | i);
     }
     rank[n - 1] = UINT32_MAX;
     while (hn) {
@@ -346,38 +372,65 @@ static int emit_merged(encoder *e, const uint8_t *p, size_t n)
     return 0;
 }
 
-static int encode_piece(encoder *e, const uint8_t *p, size_t n)
+static __attribute__((noinline)) int record_piece(encoder *e, const uint8_t *p, size_t n)
 {
-    const tio_tok *tok = e->tok;
-    if (n == 1)
-        return emit(e, tok->byte_id[p[0]]);
-    uint64_t h = tok_hash(p, n);
-    if (n > TIO_TOK_CACHE_PIECE_BYTES) {
-        uint32_t id = tok_piece_lookup(tok, p, n, h);
-        return id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
-    }
-    /* Short pieces look in this thread's cache first: it holds the recent
-     * ones, whole tokens included, in a quarter of a megabyte that stays in
-     * the core's own cache, while the token table is shared and larger. */
-    cache_slot *slot = &e->ctx->cache[(h >> 20) & (TIO_TOK_CACHE_ENTRIES - 1)];
-    if (slot->len == n && !memcmp(slot->bytes, p, n)) {
-        if (e->n + slot->n_ids > e->cap)
-            return -ENOSPC;
-        memcpy(e->ids + e->n, slot->ids, slot->n_ids * sizeof *slot->ids);
-        e->n += slot->n_ids;
-        return 0;
-    }
+    if (e->n >= e->cap)
+        return -ENOSPC;
+    e->ends[e->n++] = (size_t)(p + n - e->base);
+    return 0;
+}
+
+/* A piece longer than the cache holds: a whole token or merged. */
+static __attribute__((noinline)) int encode_long_piece(encoder *e, const uint8_t *p, size_t n)
+{
+    uint32_t id = tok_piece_lookup(e->tok, p, n, tok_hash(p, n), tok_head(p, n));
+    return id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
+}
+
+/* A short piece not in `slot`: a whole token or merged, then cached. */
+static __attribute__((noinline)) int encode_new_piece(encoder *e, const uint8_t *p, size_t n,
+                                                      const tok_key *key, uint64_t h, cache_slot *slot)
+{
     size_t start = e->n;
-    uint32_t id = tok_piece_lookup(tok, p, n, h);
+    uint32_t id = tok_piece_lookup(e->tok, p, n, h, key->w[0]);
     int rc = id != TOK_NONE ? emit(e, id) : emit_merged(e, p, n);
     size_t m = e->n - start;
     if (rc == 0 && m <= CACHE_IDS) {
+        slot->key = *key;
         slot->len = (uint32_t)n;
         slot->n_ids = (uint32_t)m;
-        memcpy(slot->bytes, p, n);
         memcpy(slot->ids, e->ids + start, m * sizeof *slot->ids);
     }
     return rc;
+}
+
+/* The ids of one piece.  Inlined into the split loops: most pieces are
+ * found in the cache, and this path stays a few dozen instructions. */
+static inline __attribute__((always_inline)) int encode_piece(encoder *e, const uint8_t *p, size_t n)
+{
+    if (__builtin_expect(e->ends != NULL, 0))
+        return record_piece(e, p, n);
+    if (n == 1)
+        return emit(e, e->tok->byte_id[p[0]]);
+    if (n > TIO_TOK_CACHE_PIECE_BYTES)
+        return encode_long_piece(e, p, n);
+    /* Short pieces look in this thread's cache first: it holds the recent
+     * ones, whole tokens included, in a quarter of a megabyte that stays in
+     * the core's own cache, while the token table is shared and larger. */
+    tok_key key = tok_key_of(p, n);
+    uint64_t h = tok_key_hash(&key, n);
+    cache_slot *slot = &e->ctx->cache[(h >> 20) & (TIO_TOK_CACHE_ENTRIES - 1)];
+    if (slot->len != n || !tok_key_equal(&slot->key, &key))
+        return encode_new_piece(e, p, n, &key, h, slot);
+    size_t m = slot->n_ids, room = e->cap - e->n;
+    if (room >= CACHE_IDS) /* all of them where they fit: a fixed-size copy */
+        memcpy(e->ids + e->n, slot->ids, sizeof slot->ids);
+    else if (room >= m)
+        memcpy(e->ids + e->n, slot->ids, m * sizeof *slot->ids);
+    else
+        return -ENOSPC;
+    e->n += m;
+    return 0;
 }
 
 /* ---- UTF-8 ------------------------------------------------------------- */
@@ -473,10 +526,41 @@ static int split_regex(encoder *e, int stage, const uint8_t *s, size_t n)
 }
 #endif
 
+/* The pieces of a built-in pattern (split_builtin.h), each to the next
+ * stage or, after the last, to BPE. */
+static inline __attribute__((always_inline)) int
+split_with(encoder *e, int stage, const uint8_t *s, size_t n,
+           size_t (*piece_end)(const uint8_t *, size_t, size_t))
+{
+    bool last = stage + 1 == e->tok->n_stages;
+    for (size_t i = 0, end; i < n; i = end) {
+        end = piece_end(s, n, i);
+        int rc = last ? encode_piece(e, s + i, end - i) : split_stage(e, stage + 1, s + i, end - i);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int split_builtin(encoder *e, int stage, int kind, const uint8_t *s, size_t n)
+{
+    switch (kind) {
+    case TOK_SPLIT_GPT2:
+        return split_with(e, stage, s, n, piece_gpt2);
+    case TOK_SPLIT_CL100K:
+        return split_with(e, stage, s, n, piece_cl100k);
+    default:
+        return split_with(e, stage, s, n, piece_o200k);
+    }
+}
+
 static int split_stage(encoder *e, int stage, const uint8_t *s, size_t n)
 {
     if (stage == e->tok->n_stages)
         return encode_piece(e, s, n);
+    int builtin = e->tok->stages[stage].builtin;
+    if (builtin != TOK_SPLIT_REGEX && !e->regex)
+        return split_builtin(e, stage, builtin, s, n);
 #if TIO_HAVE_PCRE2
     return split_regex(e, stage, s, n);
 #else
@@ -486,24 +570,9 @@ static int split_stage(encoder *e, int stage, const uint8_t *s, size_t n)
 
 /* A stretch of text without special tokens: valid UTF-8 runs go through
  * the regex, invalid runs are pieces of their own. */
-static int encode_ordinary(encoder *e, const uint8_t *s, size_t n)
+/* Valid UTF-8 runs of s[0..n) through the split, invalid runs as pieces. */
+static int encode_runs(encoder *e, const uint8_t *s, size_t n)
 {
-    if (!n)
-        return 0;
-    if (e->tok->add_prefix_space && s[0] != ' ') {
-        tok_ctx *c = e->ctx;
-        if (c->prefixed_cap < n + 1) {
-            uint8_t *b = realloc(c->prefixed, n + 1);
-            if (!b)
-                return tio_fail(-ENOMEM, "out of memory for %zu bytes of text", n + 1);
-            c->prefixed = b;
-            c->prefixed_cap = n + 1;
-        }
-        c->prefixed[0] = ' ';
-        memcpy(c->prefixed + 1, s, n);
-        s = c->prefixed;
-        n++;
-    }
     size_t i = 0;
     while (i < n) {
         size_t valid = utf8_valid_prefix(s + i, n - i);
@@ -524,6 +593,27 @@ static int encode_ordinary(encoder *e, const uint8_t *s, size_t n)
         }
     }
     return 0;
+}
+
+/* A stretch of text without special tokens (HF add_prefix_space: with a
+ * space in front, in the thread's copy). */
+static int encode_ordinary(encoder *e, const uint8_t *s, size_t n)
+{
+    if (!n)
+        return 0;
+    if (!e->tok->add_prefix_space || s[0] == ' ')
+        return encode_runs(e, s, n);
+    tok_ctx *c = e->ctx;
+    if (c->prefixed_cap < n + 1) {
+        uint8_t *b = realloc(c->prefixed, n + 1);
+        if (!b)
+            return tio_fail(-ENOMEM, "out of memory for %zu bytes of text", n + 1);
+        c->prefixed = b;
+        c->prefixed_cap = n + 1;
+    }
+    c->prefixed[0] = ' ';
+    memcpy(c->prefixed + 1, s, n);
+    return encode_runs(e, c->prefixed, n + 1);
 }
 
 /* Leftmost special token at or after `from`, longest at that position. */
@@ -570,6 +660,15 @@ static int encode_text(encoder *e, const uint8_t *s, size_t n, int special)
     return encode_ordinary(e, s + pos, n - pos);
 }
 
+size_t tio_tok_max_ids(const tio_tok *tok, size_t len)
+{
+    if (!tok || !tok->add_prefix_space || !len)
+        return tok ? len : 0;
+    /* Each stretch between special tokens gains at most one id (its
+     * space); each special token is one id for at least as many bytes. */
+    return tok->one_byte_special ? 2 * len : len + 1;
+}
+
 int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special, uint32_t *ids,
                    size_t cap, size_t *n_ids)
 {
@@ -580,7 +679,7 @@ int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special
     if (special < TIO_TOK_SPECIAL_TEXT || special > TIO_TOK_SPECIAL_REJECT)
         return tio_fail(-EINVAL, "tio_tok_encode: special mode %d is not one of TIO_TOK_SPECIAL_*",
                         special);
-    encoder e = {tok, NULL, ids, 0, cap};
+    encoder e = {.tok = tok, .ids = ids, .cap = cap};
     int rc = ctx_get(tok, &e.ctx);
     if (rc)
         return rc;
@@ -588,6 +687,22 @@ int tio_tok_encode(const tio_tok *tok, const void *text, size_t len, int special
     *n_ids = e.n;
     if (rc == -ENOSPC)
         return tio_fail(-ENOSPC, "%zu ids do not fit: the output holds %zu", len, cap);
+    return rc;
+}
+
+int tok_split_pieces(const tio_tok *tok, bool regex, const void *text, size_t len, size_t *ends,
+                     size_t cap, size_t *n)
+{
+    *n = 0;
+    if (regex && !TIO_HAVE_PCRE2)
+        return tio_fail(-ENOTSUP, "teraio was built without PCRE2");
+    if (tok->add_prefix_space)
+        return tio_fail(-ENOTSUP, "tok_split_pieces: add_prefix_space moves the text");
+    encoder e = {.tok = tok, .cap = cap, .ends = ends, .base = text, .regex = regex};
+    int rc = ctx_get(tok, &e.ctx);
+    if (rc == 0)
+        rc = encode_ordinary(&e, text, len);
+    *n = e.n;
     return rc;
 }
 
@@ -632,8 +747,8 @@ static void *batch_worker(void *arg)
         if (k >= b->n_texts)
             break;
         size_t i = b->order[k].index;
-        b->rcs[i] = tio_tok_encode(b->tok, b->texts[i], b->lens[i], b->special,
-                                   b->ids + b->starts[i], b->lens[i], &b->counts[i]);
+        b->rcs[i] = tio_tok_encode(b->tok, b->texts[i], b->lens[i], b->special, b->ids + b->starts[i],
+                                   b->starts[i + 1] - b->starts[i], &b->counts[i]);
         if (b->rcs[i]) { /* the message is this thread's: keep the first text's */
             pthread_mutex_lock(&b->err_lock);
             if (i < b->err_text) {
@@ -652,15 +767,17 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
 {
     if (!tok || (!texts && n_texts) || (!lens && n_texts) || !offsets || (!ids && cap))
         return tio_fail(-EINVAL, "tio_tok_encode_batch: NULL argument");
-    /* Each text first writes at the sum of the lengths before it (its upper
-     * bound), then the results are packed.  That needs cap >= sum of lens. */
-    size_t total = 0;
-    for (size_t i = 0; i < n_texts; i++)
-        total += lens[i];
+    /* Each text first writes at the sum of the bounds (tio_tok_max_ids)
+     * before it, then the results are packed.  That needs cap >= their sum. */
+    size_t total = 0, bytes = 0;
+    for (size_t i = 0; i < n_texts; i++) {
+        total += tio_tok_max_ids(tok, lens[i]);
+        bytes += lens[i];
+    }
     offsets[0] = 0;
     if (total > cap)
         return tio_fail(-ENOSPC, "batch of %zu bytes needs room for %zu ids, the output holds %zu",
-                        total, total, cap);
+                        bytes, total, cap);
     batch b = {tok, texts, lens, n_texts, special, ids, NULL, NULL, NULL, NULL, 0,
                PTHREAD_MUTEX_INITIALIZER, SIZE_MAX, ""};
     b.starts = malloc((n_texts + 1) * sizeof *b.starts);
@@ -672,8 +789,9 @@ int tio_tok_encode_batch(const tio_tok *tok, const void *const *texts, const siz
         rc = tio_fail(-ENOMEM, "out of memory for a batch of %zu texts", n_texts);
         goto out;
     }
-    for (size_t i = 0, at = 0; i < n_texts; at += lens[i], i++) {
-        b.starts[i] = at;
+    b.starts[0] = 0;
+    for (size_t i = 0; i < n_texts; i++) {
+        b.starts[i + 1] = b.starts[i] + tio_tok_max_ids(tok, lens[i]);
         b.order[i] = (text_ref){lens[i], i};
     }
     if (n_threads == 0) {

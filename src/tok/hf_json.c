@@ -24,9 +24,6 @@
 #if TIO_HAVE_JSONC && TIO_HAVE_PCRE2
 #include <json-c/json.h>
 
-#define GPT2_PATTERN \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-
 /* Code point -> byte of GPT-2's alphabet; -1 when not in it. */
 static int byte_of_char(uint32_t cp)
 {
@@ -175,7 +172,7 @@ static int add_pre_tokenizer(hf_loader *L, json_object *pt, bool first, bool *by
                             L->where);
         L->tok->add_prefix_space = prefix;
         *byte_level = true;
-        return use_regex ? tok_add_stage(L->tok, GPT2_PATTERN, strlen(GPT2_PATTERN), true) : 0;
+        return use_regex ? tok_add_stage(L->tok, TOK_PATTERN_GPT2, strlen(TOK_PATTERN_GPT2), true) : 0;
     }
     if (is_string(type, "Split")) {
         json_object *pat = get(get(pt, "pattern"), "Regex");
@@ -422,7 +419,8 @@ static int build_hf(tio_tok *tok, const char *json, size_t len, const char *wher
         rc = tok_fail_at(rc, where, "");
         goto out;
     }
-    if ((rc = tok_find_byte_ids(tok, where)) < 0 || (rc = tok_set_specials(tok, specials, n_specials)) < 0)
+    if ((rc = tok_find_byte_ids(tok, where)) < 0 || (rc = tok_index_byte_pairs(tok)) < 0 ||
+        (rc = tok_set_specials(tok, specials, n_specials)) < 0)
         goto out;
     if (!ignore_merges && (rc = tok_prune_unreachable(tok)) < 0)
         goto out;

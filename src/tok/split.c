@@ -20,6 +20,11 @@
  *     Mc, which no pattern in use does.
  * Both engines pick the first alternative that matches (leftmost-first), so
  * the pieces are the same.
+ *
+ * The patterns of the built-in encodings (TOK_PATTERN_*, recognised by
+ * their exact text) are split by split_builtin.h instead, several times
+ * faster; they are compiled here too, as the reference the tests compare
+ * the built-in splitter with, and need no PCRE2 at all.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -211,10 +216,9 @@ static int rewrite_pattern(const char *pat, size_t len, strbuf *out)
     return rc;
 }
 
-int tok_add_stage(tio_tok *tok, const char *pattern, size_t len, bool keep_gaps)
+/* Compile `pattern` into st->code (and JIT it when the platform allows). */
+static int compile_regex(const char *pattern, size_t len, tok_stage *st)
 {
-    if (tok->n_stages >= TOK_MAX_STAGES)
-        return tio_fail(-ENOTSUP, "more than %d split regexes", TOK_MAX_STAGES);
     strbuf b = {0};
     int rc = rewrite_pattern(pattern, len, &b);
     if (rc == 0 && !b.s)
@@ -241,12 +245,10 @@ int tok_add_stage(tio_tok *tok, const char *pattern, size_t len, bool keep_gaps)
         return tio_fail(-EINVAL, "split regex does not compile: %s (near offset %zu)", (char *)msg,
                         (size_t)err_off);
     }
-    tok_stage *st = &tok->stages[tok->n_stages++];
     st->code = code;
     st->jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
-    if (!st->jit)
+    if (!st->jit && !st->builtin)
         tio_log(TIO_LOG_WARN, "tokenizer: PCRE2 JIT unavailable, split regex is interpreted");
-    st->keep_gaps = keep_gaps;
     return 0;
 }
 
@@ -259,11 +261,41 @@ void tok_free_stages(tio_tok *tok)
 
 #else
 
-int tok_add_stage(tio_tok *tok, const char *pattern, size_t len, bool keep_gaps)
-{
-    return tio_fail(-ENOTSUP, "teraio was built without PCRE2: no split regex");
-}
-
-void tok_free_stages(tio_tok *tok) {}
+void tok_free_stages(tio_tok *tok) { tok->n_stages = 0; }
 
 #endif
+
+/* The TOK_SPLIT_* splitter that implements `pattern` exactly: only the
+ * very strings it was written from, since any other spelling may differ. */
+static int builtin_of(const char *pattern, size_t len)
+{
+    static const struct {
+        const char *pattern;
+        int kind;
+    } known[] = {
+        {TOK_PATTERN_GPT2, TOK_SPLIT_GPT2},
+        {TOK_PATTERN_CL100K, TOK_SPLIT_CL100K},
+        {TOK_PATTERN_O200K, TOK_SPLIT_O200K},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strlen(known[i].pattern) == len && !memcmp(known[i].pattern, pattern, len))
+            return known[i].kind;
+    return TOK_SPLIT_REGEX;
+}
+
+int tok_add_stage(tio_tok *tok, const char *pattern, size_t len, bool keep_gaps)
+{
+    if (tok->n_stages >= TOK_MAX_STAGES)
+        return tio_fail(-ENOTSUP, "more than %d split regexes", TOK_MAX_STAGES);
+    tok_stage st = {.builtin = builtin_of(pattern, len), .keep_gaps = keep_gaps};
+#if TIO_HAVE_PCRE2
+    int rc = compile_regex(pattern, len, &st);
+    if (rc)
+        return rc;
+#else
+    if (st.builtin == TOK_SPLIT_REGEX)
+        return tio_fail(-ENOTSUP, "teraio was built without PCRE2: no split regex but the built-in ones");
+#endif
+    tok->stages[tok->n_stages++] = st;
+    return 0;
+}

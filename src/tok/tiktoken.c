@@ -39,9 +39,6 @@ static const tio_tok_special cl100k_specials[] = {
 static const tio_tok_special o200k_specials[] = {{"<|endoftext|>", 199999},
                                                  {"<|endofprompt|>", 200018}};
 
-#define GPT2_PATTERN \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-
 /* sha256: of the rank file, as tiktoken_ext/openai_public.py expects it.
  * cache_key: the name tiktoken gives the file in its download cache, the
  * SHA-1 of its URL https://openaipublic.blob.core.windows.net/encodings/<name>.tiktoken */
@@ -55,31 +52,15 @@ static const struct {
     size_t n_specials;
 } encodings[] = {
     {"r50k_base", 50256, "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
-     "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4", GPT2_PATTERN, r50k_specials, 1},
+     "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4", TOK_PATTERN_GPT2, r50k_specials, 1},
     {"p50k_base", 50280, "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
-     "ec7223a39ce59f226a68acc30dc1af2788490e15", GPT2_PATTERN, r50k_specials, 1},
+     "ec7223a39ce59f226a68acc30dc1af2788490e15", TOK_PATTERN_GPT2, r50k_specials, 1},
     {"cl100k_base", 100256, "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
      "9b5ad71b2ce5302211f9c61530b329a4922fc6a4",
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
-     "|\\p{N}{1,3}"
-     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-     "|\\s*[\\r\\n]+"
-     "|\\s+(?!\\S)"
-     "|\\s+",
-     cl100k_specials, 5},
+     TOK_PATTERN_CL100K, cl100k_specials, 5},
     {"o200k_base", 199998, "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
      "fb374d419588a4632f3f557e76b4b70aebbca790",
-     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-     "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-     "|\\p{N}{1,3}"
-     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
-     "|\\s*[\\r\\n]+"
-     "|\\s+(?!\\S)"
-     "|\\s+",
-     o200k_specials, 2},
+     TOK_PATTERN_O200K, o200k_specials, 2},
 };
 #define N_ENCODINGS (sizeof encodings / sizeof encodings[0])
 
@@ -287,6 +268,7 @@ static int build_tiktoken(tio_tok *tok, const uint8_t *data, size_t len, const c
         goto out;
     }
     if ((rc = tok_find_byte_ids(tok, where)) < 0 || (rc = tok_pairs_from_ranks(tok)) < 0 ||
+        (rc = tok_index_byte_pairs(tok)) < 0 ||
         (rc = tok_set_specials(tok, special_list, (uint32_t)n_specials)) < 0 ||
         (rc = tok_add_stage(tok, pat_str, strlen(pat_str), false)) < 0 || (rc = tok_init_ctxs(tok)) < 0)
         goto out;

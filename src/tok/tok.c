@@ -22,6 +22,7 @@ void tio_tok_destroy(tio_tok *tok)
     free(tok->tok_len);
     free(tok->pieces);
     free(tok->pairs);
+    free(tok->byte_pairs);
     free(tok->specials);
     free(tok);
 }

@@ -79,7 +79,7 @@ static uint32_t table_size(size_t n)
 
 uint32_t tok_piece_find(const tio_tok *tok, const uint8_t *p, size_t n)
 {
-    return n ? tok_piece_lookup(tok, p, n, tok_hash(p, n)) : TOK_NONE;
+    return n ? tok_piece_lookup(tok, p, n, tok_hash(p, n), tok_head(p, n)) : TOK_NONE;
 }
 
 int tok_build_pieces(tio_tok *tok, const uint8_t *is_special)
@@ -138,14 +138,16 @@ void tok_pair_put(tio_tok *tok, uint32_t left, uint32_t right, uint32_t rank, ui
 
 int tok_pairs_from_ranks(tio_tok *tok)
 {
-    /* Every token of length L contributes at most L-1 pairs. */
-    size_t n = 0;
+    /* Every token of length L has at most L-1 splits into two tokens; the
+     * table is sized for those found, so that it stays as small (and as
+     * much in cache) as it can: a third of the upper bound in cl100k_base. */
+    size_t bound = 0, n = 0;
     for (uint32_t id = 0; id < tok->n_ids; id++)
         if (tok->tok_off[id] != TOK_NONE && tok->tok_len[id] > 1)
-            n += tok->tok_len[id] - 1;
-    int rc = tok_pairs_init(tok, n);
-    if (rc < 0)
-        return rc;
+            bound += tok->tok_len[id] - 1;
+    uint32_t(*found)[3] = malloc((bound ? bound : 1) * sizeof *found);
+    if (!found)
+        return tio_fail(-ENOMEM, "out of memory for the merge table");
     for (uint32_t id = 0; id < tok->n_ids; id++) {
         uint32_t len = tok->tok_len[id];
         if (tok->tok_off[id] == TOK_NONE || len < 2 || tok_piece_find(tok, tok->arena + tok->tok_off[id], len) != id)
@@ -153,14 +155,19 @@ int tok_pairs_from_ranks(tio_tok *tok)
         const uint8_t *p = tok->arena + tok->tok_off[id];
         for (uint32_t k = 1; k < len; k++) {
             uint32_t a = tok_piece_find(tok, p, k);
-            if (a == TOK_NONE)
-                continue;
-            uint32_t b = tok_piece_find(tok, p + k, len - k);
-            if (b != TOK_NONE)
-                tok_pair_put(tok, a, b, id, id);
+            uint32_t b = a == TOK_NONE ? TOK_NONE : tok_piece_find(tok, p + k, len - k);
+            if (b != TOK_NONE) {
+                found[n][0] = a;
+                found[n][1] = b;
+                found[n++][2] = id;
+            }
         }
     }
-    return 0;
+    int rc = tok_pairs_init(tok, n);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        tok_pair_put(tok, found[i][0], found[i][1], found[i][2], found[i][2]);
+    free(found);
+    return rc;
 }
 
 int tok_find_byte_ids(tio_tok *tok, const char *where)
@@ -172,6 +179,19 @@ int tok_find_byte_ids(tio_tok *tok, const char *where)
             return tio_fail(TIO_EPARSE, "%s: byte 0x%02x has no token (byte-level BPE needs all 256)",
                             where, b);
     }
+    return 0;
+}
+
+int tok_index_byte_pairs(tio_tok *tok)
+{
+    tok->byte_pairs = malloc(256 * 256 * sizeof *tok->byte_pairs);
+    if (!tok->byte_pairs)
+        return tio_fail(-ENOMEM, "out of memory for the byte-pair table");
+    for (int a = 0; a < 256; a++)
+        for (int b = 0; b < 256; b++) {
+            const tok_pair_slot *s = tok_pair_find(tok, tok->byte_id[a], tok->byte_id[b]);
+            tok->byte_pairs[a * 256 + b] = (tok_merge){s->rank, s->id};
+        }
     return 0;
 }
 
@@ -214,7 +234,9 @@ int tok_set_specials(tio_tok *tok, const tok_special *list, uint32_t n)
     pthread_mutex_unlock(&sort_lock);
     memset(tok->special_count, 0, sizeof tok->special_count);
     tok->n_special_first = 0;
+    tok->one_byte_special = false;
     for (uint32_t i = 0; i < n; i++) {
+        tok->one_byte_special |= tok->specials[i].len == 1;
         if (i > 0 && tok->specials[i].len == tok->specials[i - 1].len &&
             !memcmp(tok->arena + tok->specials[i].off, tok->arena + tok->specials[i - 1].off,
                     tok->specials[i].len))

@@ -25,7 +25,7 @@
 #include <cmocka.h>
 
 #include "teraio/data.h"
-#include "data/loader_internal.h"
+#include "data/gen.h"
 
 static char root[512];
 

@@ -98,10 +98,14 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Options of the hand-worked Algorithm 1 plans below: DESIGN.md's text,
+ * without the synchronous finish (tested on its own further down). */
 static tio_plan_options options(uint64_t capacity, double read_gbps, double write_gbps)
 {
     tio_plan_options o;
     tio_plan_options_default(&o);
+    o.planner = TIO_PLANNER_ALG1;
+    o.synchronous_moves = false;
     o.capacity_bytes = capacity;
     o.ssd_read_gbps = read_gbps;
     o.ssd_write_gbps = write_gbps;
@@ -283,6 +287,132 @@ static void test_plan_host_cap_blocks(void **state)
     tio_plan_destroy(plan);
 }
 
+/*
+ * Issue 13 item 2, a plan always fits when it can: the input on which
+ * Algorithm 1 stops above capacity (test_plan_host_cap_blocks without a
+ * host tier).  The teraio planner, planned stalls off so the arithmetic
+ * stays by hand, runs Algorithm 1's round first (G on SSD over k1..k3) and
+ * is left with k4 at 5000 > 4500, 500 over.  Synchronous moves there:
+ *   G (window [9, 12) unwrapped) misses k4 = 12: widen its prefetch to
+ *     trigger at k5 (13), synchronous on that side: stall 500 B / 0.25 GB/s
+ *     = 2000 ns, 4 ns per byte of the excess;
+ *   P (0,7), not chosen: write budget over k1..k3 is 2500 >= 1000, so its
+ *     offload is hidden (k_off 3); read budget over k5..k6 is what G's
+ *     prefetch left, 0 + 125 < 1000: stall 3500 ns, 7 ns per excess byte.
+ * G wins: prefetch G trigger 5, deadline 6; M' at k4 = 4500; predicted
+ * stall 2000 ns; and the plan fits.
+ */
+static void test_plan_fits_with_a_synchronous_move(void **state)
+{
+    fixture *f = *state;
+    tio_plan_options o = options(4500, 0.25, 1.0);
+    o.planner = TIO_PLANNER_TERAIO;
+    o.planned_stalls = false;
+    o.synchronous_moves = true;
+    tio_plan *plan;
+    assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
+    assert_true(plan->fits);
+    assert_int_equal(plan->n_migrations, 2);
+    assert_migration(&plan->migrations[0], G, TIO_MIGRATION_OFFLOAD, 0, 1, TIO_TIER_SSD, 500);
+    assert_migration(&plan->migrations[1], G, TIO_MIGRATION_PREFETCH, 5, 6, TIO_TIER_SSD, 500);
+    static const uint64_t m[8] = {1500, 3000, 4000, 4500, 4500, 4500, 3500, 1500};
+    assert_curve(plan->planned_memory_bytes, m);
+    assert_int_equal(plan->predicted_stall_ns, 2000);
+    assert_int_equal(tio_plan_check(plan, f->trace, f->lt), 0);
+    tio_plan_destroy(plan);
+    /* at the floor itself (kernel 6 needs 2500 B) it still fits, with every
+     * default on; Algorithm 1 does not */
+    o = options(2500, 0.25, 1.0);
+    o.planner = TIO_PLANNER_TERAIO;
+    o.synchronous_moves = true;
+    assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
+    assert_true(plan->fits && plan->planned_peak_bytes == 2500 && plan->predicted_stall_ns > 0);
+    assert_int_equal(tio_plan_check(plan, f->trace, f->lt), 0);
+    tio_plan_destroy(plan);
+    o.planner = TIO_PLANNER_ALG1;
+    o.synchronous_moves = false; /* DESIGN.md's Algorithm 1 stops above capacity */
+    assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
+    assert_false(plan->fits);
+    tio_plan_destroy(plan);
+    /* Algorithm 1 with the authors' rule (the default): the same finish as
+     * the first case above, the same plan */
+    o = options(4500, 0.25, 1.0);
+    o.synchronous_moves = true;
+    assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), 0);
+    assert_true(plan->fits);
+    assert_int_equal(plan->n_migrations, 2);
+    assert_migration(&plan->migrations[1], G, TIO_MIGRATION_PREFETCH, 5, 6, TIO_TIER_SSD, 500);
+    assert_int_equal(plan->predicted_stall_ns, 2000);
+    tio_plan_destroy(plan);
+}
+
+/*
+ * The case that failed before (issue 13 item 2): tests/data/llama-tiny.tio,
+ * a profiled Llama-style model (2 layers, AdamW), with tight bandwidth.
+ * The fast planner's old default answered "does not fit" at 0.5 of its
+ * 3652212-byte peak with 0.1 GB/s (planned 1844256 against 1826106) and
+ * 0.02 GB/s.  Now every capacity from the working-set floor (393216 B) to
+ * the peak gets a fitting plan, with and without a host tier, that the
+ * checker accepts, whose replay keeps memory within capacity with nothing
+ * swapped on demand, and that predicts a stall wherever Algorithm 1 fails.
+ */
+static void test_plan_fits_tight_bandwidth_llama(void **state)
+{
+    (void)state;
+    const char *src = getenv("TIO_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/llama-tiny.tio", src ? src : ".");
+    tio_trace *t;
+    tio_lifetime *lt;
+    assert_int_equal(tio_trace_load(path, &t), 0);
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    assert_int_equal(lt->max_active_bytes, 393216);
+    static const double gbps[] = {1.0, 0.1, 0.02};
+    static const double share[] = {0, 0.2, 0.5, 0.7, 0.9};
+    uint32_t alg1_failed = 0;
+    for (int g = 0; g < 3; g++) {
+        for (int c = 0; c < 5; c++) {
+            for (int host = 0; host < 2; host++) {
+                tio_plan_options o = options(0, gbps[g], gbps[g]);
+                o.capacity_bytes = lt->max_active_bytes +
+                                   (uint64_t)(share[c] * (double)(lt->peak_bytes -
+                                                                  lt->max_active_bytes));
+                o.host_cap_bytes = host ? lt->peak_bytes / 4 : 0;
+                o.host_to_device_gbps = o.device_to_host_gbps = host ? 10 * gbps[g] : 0;
+                tio_plan *ref, *plan;
+                assert_int_equal(tio_plan_build(t, lt, &o, &ref), 0);
+                o.planner = TIO_PLANNER_TERAIO;
+                o.synchronous_moves = true;
+                assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
+                if (!plan->fits)
+                    fail_msg("%g GB/s, capacity %llu, host %d: planned %llu", gbps[g],
+                             (unsigned long long)o.capacity_bytes, host,
+                             (unsigned long long)plan->planned_peak_bytes);
+                assert_true(plan->peak_host_bytes <= o.host_cap_bytes);
+                if (!ref->fits) {
+                    alg1_failed++;
+                    assert_true(plan->predicted_stall_ns > 0);
+                }
+                tio_hw hw = {.capacity_bytes = o.capacity_bytes, .pcie_h2d_gbps = 100,
+                             .pcie_d2h_gbps = 100, .ssd_count = 1, .ssd_read_gbps = gbps[g],
+                             .ssd_write_gbps = gbps[g], .host_cap_bytes = o.host_cap_bytes,
+                             .cpu_adam_params_per_s = 1e9};
+                assert_int_equal(tio_plan_check(plan, t, lt), 0);
+                tio_sim_report r;
+                assert_int_equal(tio_sim_plan(t, lt, &hw, plan, &r), 0);
+                assert_true(r.plan_fits && r.overflow_bytes == 0);
+                assert_true(r.peak_bytes <= o.capacity_bytes);
+                tio_sim_report_free(&r);
+                tio_plan_destroy(plan);
+                tio_plan_destroy(ref);
+            }
+        }
+    }
+    assert_true(alg1_failed >= 10);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
 /* 2000 B is below kernel 6's 2500 B (A + G). */
 static void test_plan_infeasible(void **state)
 {
@@ -292,7 +422,8 @@ static void test_plan_infeasible(void **state)
     assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), TIO_EINFEASIBLE);
     assert_null(plan);
     assert_string_equal(tio_last_error(),
-                        "capacity 1.95 KiB is below kernel 6 (bwd.mm1)'s need of 2.44 KiB");
+                        "capacity 1.95 KiB is below kernel 6 (bwd.mm1)'s need of 2.44 KiB, the "
+                        "working-set floor: no plan fits below it");
 }
 
 static void test_plan_bad_options(void **state)
@@ -306,6 +437,10 @@ static void test_plan_bad_options(void **state)
     o = options(4000, 2.0, 1.0);
     o.host_to_device_gbps = -1;
     assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), -EINVAL);
+    o = options(4000, 2.0, 1.0);
+    o.planner = (tio_planner)7;
+    assert_int_equal(tio_plan_build(f->trace, f->lt, &o, &plan), -EINVAL);
+    assert_non_null(strstr(tio_last_error(), "unknown planner 7"));
 }
 
 static void test_plan_options_default(void **state)
@@ -314,12 +449,23 @@ static void test_plan_options_default(void **state)
     tio_plan_options o;
     memset(&o, 0xff, sizeof o);
     tio_plan_options_default(&o);
+    assert_int_equal(o.planner, TIO_PLANNER_TERAIO);
     assert_int_equal(o.capacity_bytes, 0);
     assert_true(o.ssd_read_gbps == 2.0);
     assert_true(o.ssd_write_gbps == 1.5);
     assert_true(o.host_to_device_gbps == 0.0);
     assert_true(o.device_to_host_gbps == 0.0);
     assert_int_equal(o.host_cap_bytes, 0);
+    assert_int_equal(o.kind_mask, 0);
+    assert_true(o.best_tier && o.planned_stalls && o.synchronous_moves);
+    assert_string_equal(tio_planner_name(TIO_PLANNER_TERAIO), "teraio");
+    assert_string_equal(tio_planner_name(TIO_PLANNER_ALG1), "alg1");
+    assert_null(tio_planner_name((tio_planner)2));
+    tio_planner pl;
+    assert_int_equal(tio_planner_parse("alg1", &pl), 0);
+    assert_int_equal(pl, TIO_PLANNER_ALG1);
+    assert_int_equal(tio_planner_parse("fast", &pl), -EINVAL);
+    assert_string_equal(tio_last_error(), "unknown planner 'fast' (teraio, alg1)");
     assert_string_equal(tio_tier_name(TIO_TIER_SSD), "ssd");
     assert_string_equal(tio_tier_name(TIO_TIER_HOST), "host");
     assert_string_equal(tio_tier_name(TIO_TIER_DEVICE), "device");
@@ -599,8 +745,8 @@ static void test_plan_no_kernels(void **state)
 }
 
 /* ---- property: the planner's M' is what its migrations imply ----------------
- * For random traces (fixed seed) the planner's own M' (range updates per
- * round) must equal the M' tio_plan_check derives independently from the
+ * For random traces (fixed seed) each planner's own M' (range updates per
+ * round, and for the teraio planner its synchronous moves) must equal the M' tio_plan_check derives independently from the
  * migrations alone (difference arrays over the offload/prefetch pairs), and
  * every plan must pass the check: pairs balanced, each tensor off the device
  * only inside one of its inactive periods, host cap respected. */
@@ -655,33 +801,41 @@ static void test_plan_random_traces_check(void **state)
             o.capacity_bytes = 1;
         o.host_cap_bytes = lcg(&seed) % 2 ? lcg(&seed) % 6000 : 0;
         o.host_to_device_gbps = gbps[lcg(&seed) % 4];
-        tio_plan *plan;
-        assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
-        assert_true(plan->fits == (plan->planned_peak_bytes <= o.capacity_bytes));
-        assert_true(plan->peak_host_bytes <= o.host_cap_bytes);
-        fitted += plan->fits;
-        moved += plan->n_migrations > 0;
+        for (int planner = TIO_PLANNER_TERAIO; planner <= TIO_PLANNER_ALG1; planner++) {
+            o.planner = (tio_planner)planner;
+            o.synchronous_moves = planner == TIO_PLANNER_TERAIO; /* alg1: DESIGN.md's text */
+            tio_plan *plan;
+            assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
+            assert_true(plan->fits == (plan->planned_peak_bytes <= o.capacity_bytes));
+            assert_true(plan->peak_host_bytes <= o.host_cap_bytes);
+            if (planner == TIO_PLANNER_ALG1) {
+                fitted += plan->fits;
+                moved += plan->n_migrations > 0;
+            } else if (!plan->fits) { /* issue 13 item 2: always, above the floor */
+                fail_msg("iteration %d: the teraio plan does not fit", iter);
+            }
 
-        tio_plan *copy = calloc(1, sizeof *copy);
-        assert_non_null(copy);
-        *copy = *plan;
-        copy->planned_memory_bytes = NULL;
-        copy->peak_host_bytes = copy->bytes_to_ssd = copy->bytes_to_host = 0;
-        copy->migrations = malloc((plan->n_migrations + 1) * sizeof *plan->migrations);
-        assert_non_null(copy->migrations);
-        if (plan->n_migrations)
-            memcpy(copy->migrations, plan->migrations,
-                   plan->n_migrations * sizeof *plan->migrations);
-        if (tio_plan_check(copy, t, lt) != 0)
-            fail_msg("iteration %d: %s", iter, tio_last_error());
-        assert_memory_equal(copy->planned_memory_bytes, plan->planned_memory_bytes,
-                            t->n_kernels * sizeof(uint64_t));
-        assert_int_equal(copy->planned_peak_bytes, plan->planned_peak_bytes);
-        assert_int_equal(copy->peak_host_bytes, plan->peak_host_bytes);
-        assert_int_equal(copy->bytes_to_ssd, plan->bytes_to_ssd);
-        assert_int_equal(copy->bytes_to_host, plan->bytes_to_host);
-        tio_plan_destroy(copy);
-        tio_plan_destroy(plan);
+            tio_plan *copy = calloc(1, sizeof *copy);
+            assert_non_null(copy);
+            *copy = *plan;
+            copy->planned_memory_bytes = NULL;
+            copy->peak_host_bytes = copy->bytes_to_ssd = copy->bytes_to_host = 0;
+            copy->migrations = malloc((plan->n_migrations + 1) * sizeof *plan->migrations);
+            assert_non_null(copy->migrations);
+            if (plan->n_migrations)
+                memcpy(copy->migrations, plan->migrations,
+                       plan->n_migrations * sizeof *plan->migrations);
+            if (tio_plan_check(copy, t, lt) != 0)
+                fail_msg("iteration %d: %s", iter, tio_last_error());
+            assert_memory_equal(copy->planned_memory_bytes, plan->planned_memory_bytes,
+                                t->n_kernels * sizeof(uint64_t));
+            assert_int_equal(copy->planned_peak_bytes, plan->planned_peak_bytes);
+            assert_int_equal(copy->peak_host_bytes, plan->peak_host_bytes);
+            assert_int_equal(copy->bytes_to_ssd, plan->bytes_to_ssd);
+            assert_int_equal(copy->bytes_to_host, plan->bytes_to_host);
+            tio_plan_destroy(copy);
+            tio_plan_destroy(plan);
+        }
         tio_lifetime_destroy(lt);
         tio_trace_destroy(t);
     }
@@ -698,6 +852,8 @@ int main(void)
         cmocka_unit_test(test_plan_nothing_to_move),
         cmocka_unit_test(test_plan_host_fallback),
         cmocka_unit_test(test_plan_host_cap_blocks),
+        cmocka_unit_test(test_plan_fits_with_a_synchronous_move),
+        cmocka_unit_test(test_plan_fits_tight_bandwidth_llama),
         cmocka_unit_test(test_plan_infeasible),
         cmocka_unit_test(test_plan_bad_options),
         cmocka_unit_test(test_plan_options_default),

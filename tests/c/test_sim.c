@@ -20,6 +20,7 @@
  *   kernel 4 waits 500 ns: iteration 4200 ns, stall 1000 ns in 2 kernels.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -83,7 +84,7 @@ static void test_hw_parse_errors(void **state)
     expect_parse_error("name = two words\n", "t.conf:1: field 'name'");
 }
 
-static tio_trace *hand_trace(uint64_t a_bytes)
+static tio_trace *hand_trace_x(uint64_t a_bytes, uint64_t time_scale)
 {
     tio_trace *t;
     assert_int_equal(tio_trace_create("hand", &t), 0);
@@ -92,7 +93,7 @@ static tio_trace *hand_trace(uint64_t a_bytes)
         assert_int_equal(tio_trace_add_tensor(t, 10, TIO_KIND_TEMPORARY, false, NULL, NULL), 0);
     static const uint64_t ns[5] = {100, 1000, 1000, 1000, 100};
     for (uint32_t k = 0; k < 5; k++) {
-        assert_int_equal(tio_trace_add_kernel(t, "op", ns[k]), 0);
+        assert_int_equal(tio_trace_add_kernel(t, "op", ns[k] * time_scale), 0);
         uint32_t tensor = k == 0 || k == 4 ? 0 : k;
         assert_int_equal(tio_trace_add_access(t, tensor, k == 0 ? TIO_ACCESS_WRITE
                                                : k == 4 ? TIO_ACCESS_READ
@@ -100,6 +101,8 @@ static tio_trace *hand_trace(uint64_t a_bytes)
     }
     return t;
 }
+
+static tio_trace *hand_trace(uint64_t a_bytes) { return hand_trace_x(a_bytes, 1); }
 
 static tio_plan *hand_plan(uint64_t a_bytes)
 {
@@ -189,6 +192,230 @@ static void test_sim_host_costs(void **state)
     tio_trace_destroy(t);
 }
 
+/* ---- tio_sim_fit_host_costs: fitting a CPU's host costs -------------------- */
+
+/* The profile the fit builds (sim/calibrate.c) with given host costs. */
+static tio_hw cpu_profile(double host_us, double ns_per_byte)
+{
+    tio_hw hw = {.capacity_bytes = 100000, .pcie_h2d_gbps = 1e4, .pcie_d2h_gbps = 1e4,
+                 .ssd_count = 1, .ssd_read_gbps = 1, .ssd_write_gbps = 1, .ssd_latency_us = 100,
+                 .cpu_adam_params_per_s = 1e9, .host_overhead_us = host_us,
+                 .migration_host_ns_per_byte = ns_per_byte};
+    return hw;
+}
+
+static double simulated_s(const tio_trace *t, const tio_lifetime *lt, const tio_plan *p,
+                          tio_hw hw)
+{
+    tio_sim_report r;
+    assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), 0);
+    double s = r.iteration_ns / 1e9;
+    tio_sim_report_free(&r);
+    return s;
+}
+
+/* Times made by the simulator itself with dispatch 2 us per kernel and
+ * 0.25 ns per migrated byte, on the hand trace with kernels 1000 times
+ * longer (so the 100 us transfer latency hides): the fit finds both back,
+ * and predicts the plan's time. */
+static void test_sim_fit_host_costs_round_trip(void **state)
+{
+    (void)state;
+    tio_trace *t = hand_trace_x(1500, 1000);
+    tio_lifetime *lt;
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    tio_plan *cal = hand_plan(1500), *plan = hand_plan(1500);
+    tio_hw truth = cpu_profile(2.0, 0.25);
+    tio_sim_calibration in = {.calibration = cal, .plan = plan,
+                              .calibration_capacity_bytes = 100000, .capacity_bytes = 100000,
+                              .empty_s = (3200e3 + 5 * 2000) / 1e9,
+                              .calibration_s = simulated_s(t, lt, cal, truth),
+                              .measured_s = 1e-3, .ssd_read_gbps = 1, .ssd_write_gbps = 1};
+    tio_sim_fit fit;
+    assert_int_equal(tio_sim_fit_host_costs(t, lt, &in, &fit), 0);
+    assert_true(fabs(fit.hw.host_overhead_us - 2.0) < 1e-9);
+    assert_true(fabs(fit.hw.migration_host_ns_per_byte - 0.25) < 1e-3);
+    assert_true(fit.kernel_scale == 1.0 && fit.kernels_s == 3200e3 / 1e9);
+    assert_true(fabs(fit.simulated_s - in.calibration_s) < 2e-9);
+    assert_true(fabs(fit.error - fabs(fit.simulated_s - 1e-3) / 1e-3) < 1e-12);
+    assert_int_equal(t->kernels[1].duration_ns, 1000000); /* the caller's trace is untouched */
+
+    /* an empty plan faster than the traced kernels: kernel times scaled */
+    in.empty_s = 1600e3 / 1e9;
+    in.calibration_s = 1.7e-3;
+    assert_int_equal(tio_sim_fit_host_costs(t, lt, &in, &fit), 0);
+    assert_true(fit.kernel_scale == 0.5 && fit.hw.host_overhead_us == 0);
+    assert_int_equal(t->kernels[1].duration_ns, 1000000);
+
+    /* a calibration measured faster than its simulation without host costs */
+    in.empty_s = (3200e3 + 5 * 2000) / 1e9;
+    in.calibration_s = 1e-6;
+    assert_int_equal(tio_sim_fit_host_costs(t, lt, &in, &fit), -ERANGE);
+    assert_non_null(strstr(tio_last_error(), "no host cost per byte fits"));
+    in.calibration_s = 1e4; /* more than 10 us per byte explains */
+    assert_int_equal(tio_sim_fit_host_costs(t, lt, &in, &fit), -ERANGE);
+    assert_non_null(strstr(tio_last_error(), "no host cost per byte up to 10 us"));
+    in.calibration_s = 0.1;
+    in.measured_s = 0;
+    assert_int_equal(tio_sim_fit_host_costs(t, lt, &in, &fit), -EINVAL);
+    in.measured_s = 1e-3;
+    in.ssd_read_gbps = 1.0 / 0.0;
+    assert_int_equal(tio_sim_fit_host_costs(t, lt, &in, &fit), -EINVAL);
+    in.ssd_read_gbps = 1;
+    in.plan = NULL;
+    assert_int_equal(tio_sim_fit_host_costs(t, lt, &in, &fit), -EINVAL);
+    tio_plan_destroy(cal);
+    tio_plan_destroy(plan);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
+/* Issue 12 item 16: with ssd_read_gbps = 1e-12 the simulated times of
+ * moving 400 MB exceed 2^64 ns, and casting them to uint64_t made zero-infinity report 0.000 s
+ * and 1.000 of ideal.  Every strategy now refuses with -ERANGE (or, where
+ * it moves nothing over the slow channel, reports a true time). */
+static void test_sim_bandwidth_far_too_small_is_refused(void **state)
+{
+    (void)state;
+    tio_trace *t;
+    assert_int_equal(tio_trace_create(NULL, &t), 0);
+    assert_int_equal(tio_trace_add_tensor(t, 400000000, TIO_KIND_PARAMETER, true, "w", NULL), 0);
+    assert_int_equal(tio_trace_add_tensor(t, 400000000, TIO_KIND_OPTIMIZER_STATE, true, "m", NULL), 0);
+    assert_int_equal(tio_trace_add_tensor(t, 400000000, TIO_KIND_ACTIVATION, false, "a", NULL), 0);
+    assert_int_equal(tio_trace_add_kernel(t, "fwd", 1000), 0);
+    assert_int_equal(tio_trace_add_access(t, 0, TIO_ACCESS_READ), 0);
+    assert_int_equal(tio_trace_add_access(t, 2, TIO_ACCESS_WRITE), 0);
+    assert_int_equal(tio_trace_add_kernel(t, "mid", 1000), 0);
+    assert_int_equal(tio_trace_add_kernel(t, "bwd", 1000), 0);
+    assert_int_equal(tio_trace_add_access(t, 2, TIO_ACCESS_READ), 0);
+    assert_int_equal(tio_trace_add_kernel(t, "adam", 1000), 0);
+    assert_int_equal(tio_trace_add_access(t, 0, TIO_ACCESS_READ | TIO_ACCESS_WRITE), 0);
+    assert_int_equal(tio_trace_add_access(t, 1, TIO_ACCESS_READ | TIO_ACCESS_WRITE), 0);
+    tio_lifetime *lt;
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    tio_hw hw;
+    assert_int_equal(tio_hw_parse(GOOD_HW, strlen(GOOD_HW), "t", &hw), 0);
+    hw.capacity_bytes = 800000000;
+    hw.ssd_read_gbps = 1e-12;
+    tio_sim_report r;
+    assert_int_equal(tio_sim_run(t, lt, &hw, TIO_SIM_ZERO_INFINITY, &r, NULL), -ERANGE);
+    assert_non_null(strstr(tio_last_error(), "does not fit in 64 bits of nanoseconds"));
+    assert_null(r.memory_bytes);
+    /* the same as a plan replayed: an offload that must come back over it */
+    tio_plan *p;
+    static const char text[] = "teraio-plan 1\nkernels 4 tensors 3 capacity 800000000\n"
+                               "offload 2 1 1 ssd 400000000\nprefetch 2 2 2 ssd 400000000\n";
+    assert_int_equal(tio_plan_parse(text, strlen(text), "t", &p), 0);
+    assert_int_equal(tio_plan_check(p, t, lt), 0);
+    assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), -ERANGE);
+    hw.ssd_read_gbps = 1;
+    assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), 0);
+    assert_true(r.iteration_ns > 400000000);
+    tio_sim_report_free(&r);
+    tio_plan_destroy(p);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
+/* A synchronous migration (trigger == deadline, plan.h) is due at the
+ * kernel that issues it, not an iteration later: the hand trace with A
+ * (1500 B) offloaded at kernel 1 and due there, prefetched at 3 and due at
+ * 4.  The write (1500 ns) runs before kernel 1, so kernel 1 starts at
+ * 100 + 1500; kernels 2, 3 follow; the read is issued at kernel 3 (3600)
+ * and done at 5100, kernel 4 waits 500: iteration 5200, stall 2000.  A is
+ * off the device at kernels 1..2. */
+static void test_sim_synchronous_offload(void **state)
+{
+    (void)state;
+    tio_hw hw;
+    assert_int_equal(tio_hw_parse(GOOD_HW, strlen(GOOD_HW), "t", &hw), 0);
+    tio_trace *t = hand_trace(1500);
+    tio_lifetime *lt;
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    static const char text[] = "teraio-plan 1\nkernels 5 tensors 4 capacity 100000\n"
+                               "offload 0 1 1 ssd 1500\nprefetch 0 3 4 ssd 1500\n";
+    tio_plan *p;
+    assert_int_equal(tio_plan_parse(text, strlen(text), "t", &p), 0);
+    assert_int_equal(tio_plan_check(p, t, lt), 0);
+    assert_int_equal(p->planned_memory_bytes[1], 10);
+    assert_int_equal(p->planned_memory_bytes[3], 1500 + 10);
+    tio_sim_report r;
+    assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), 0);
+    assert_int_equal(r.iteration_ns, 5200);
+    assert_int_equal(r.stall_ns, 2000);
+    assert_int_equal(r.n_stalls, 2);
+    assert_int_equal(r.memory_bytes[1], 10);
+    assert_int_equal(r.memory_bytes[2], 10);
+    tio_sim_report_free(&r);
+    tio_plan_destroy(p);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
+/* ---- evaluation suites ------------------------------------------------------- */
+
+static const char GOOD_SUITE[] =
+    "teraio-suite 1\n"
+    "hw test\n"
+    "# config MODEL BATCH SEQ MICRO_BATCH SHARDS REFERENCE_M_PCT TRACE\n"
+    "config llama3-8b 32 2048 4 2 188.0 a.tio\n"
+    "\n"
+    "config llama3-8b 64\t2048 4 2 189.5 a.tio\r\n"
+    "reference all teraio-alg1 0.807\n"
+    "reference llama3-70b zero-infinity 0.43";
+
+static void test_sim_suite_parse(void **state)
+{
+    (void)state;
+    tio_sim_suite *s;
+    assert_int_equal(tio_sim_suite_parse(GOOD_SUITE, strlen(GOOD_SUITE), "s.txt", &s), 0);
+    assert_string_equal(s->hw_name, "test");
+    assert_int_equal(s->n_configs, 2);
+    assert_string_equal(s->configs[1].model, "llama3-8b");
+    assert_int_equal(s->configs[1].batch, 64);
+    assert_int_equal(s->configs[1].seq, 2048);
+    assert_int_equal(s->configs[1].micro_batch, 4);
+    assert_int_equal(s->configs[1].shards, 2);
+    assert_true(s->configs[1].reference_m_pct == 189.5);
+    assert_string_equal(s->configs[1].trace, "a.tio");
+    assert_int_equal(s->n_references, 2);
+    assert_int_equal(s->references[1].strategy, TIO_SIM_ZERO_INFINITY);
+    assert_true(s->references[1].fraction_of_ideal == 0.43);
+    tio_sim_suite_destroy(s);
+    static const struct {
+        const char *text;
+        int rc;
+        const char *says;
+    } bad[] = {
+        {"teraio-suite 2\nhw x\n", TIO_EVERSION, "s.txt:1: field 'version': expected 1"},
+        {"teraio-trace 1\n", TIO_EPARSE, "s.txt:1: expected 'teraio-suite 1'"},
+        {"", TIO_EPARSE, "got an empty file"},
+        {"teraio-suite 1\nconfig m 1 1 1 1 1 t\n", TIO_EPARSE, "field 'hw': missing"},
+        {"teraio-suite 1\nhw x\n", TIO_EPARSE, "no 'config' lines"},
+        {"teraio-suite 1\nhw x\nhw y\n", TIO_EPARSE, "s.txt:3: field 'hw': given twice"},
+        {"teraio-suite 1\nhw x\nconfig m 0 1 1 1 1 t\n", TIO_EPARSE,
+         "s.txt:3: field 'batch': expected an integer in [1, 2^32), got '0'"},
+        {"teraio-suite 1\nhw x\nconfig m 1 4294967296 1 1 1 t\n", TIO_EPARSE, "field 'seq'"},
+        {"teraio-suite 1\nhw x\nconfig m 1 1 1 1 nan t\n", TIO_EPARSE, "'reference_m_pct'"},
+        {"teraio-suite 1\nhw x\nconfig m 1 1 1 1 1 ../t.tio\n", TIO_EPARSE,
+         "field 'trace': expected a name of letters, digits and . _ + - (no '/')"},
+        {"teraio-suite 1\nhw x\nconfig m 1 1 1 1 1\n", TIO_EPARSE, "(8 fields), got 7"},
+        {"teraio-suite 1\nhw x\nconfig m 1 1 1 1 1 t\nreference m fastest 0.5\n", TIO_EPARSE,
+         "s.txt:4: field 'strategy'"},
+        {"teraio-suite 1\nhw x\nconfig m 1 1 1 1 1 t\nreference m teraio 1.5\n", TIO_EPARSE,
+         "field 'fraction_of_ideal': expected a decimal number in [0, 1]"},
+        {"teraio-suite 1\nhw x\nconfigure m\n", TIO_EPARSE, "field 'record'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s = (tio_sim_suite *)1;
+        assert_int_equal(tio_sim_suite_parse(bad[i].text, strlen(bad[i].text), "s.txt", &s),
+                         bad[i].rc);
+        assert_null(s);
+        if (!strstr(tio_last_error(), bad[i].says))
+            fail_msg("case %zu: message '%s' lacks '%s'", i, tio_last_error(), bad[i].says);
+    }
+}
+
 static void test_sim_strategy_names(void **state)
 {
     (void)state;
@@ -273,9 +500,14 @@ static void test_sim_random_properties(void **state)
         tio_plan_options o;
         tio_hw_plan_options(&hw, &o);
         tio_plan *ref, *fast;
+        o.synchronous_moves = iter % 2; /* with and without the synchronous finish */
+        o.planner = TIO_PLANNER_ALG1;
         assert_int_equal(tio_plan_build(t, lt, &o, &ref), 0);
-        tio_plan_fast_options fo = {.kind_mask = 0, .best_tier = false, .planned_stalls = false};
-        assert_int_equal(tio_plan_build_fast(t, lt, &o, &fo, &fast), 0);
+        o.planner = TIO_PLANNER_TERAIO;
+        o.best_tier = o.planned_stalls = false;
+        assert_int_equal(tio_plan_build(t, lt, &o, &fast), 0);
+        assert_true(!o.synchronous_moves || (ref->fits && fast->fits));
+        assert_int_equal(fast->predicted_stall_ns, ref->predicted_stall_ns);
         /* Exactly the same plan, with or without a host tier (the lazy
          * heap keys a candidate by the larger of its two tiers' scores,
          * since Algorithm 1's "SSD whenever it scores" rule lets its score
@@ -309,6 +541,12 @@ static void test_sim_random_properties(void **state)
             /* ZeRO moves the optimizer step to the CPU, which may be quicker */
             if (s != TIO_SIM_ZERO_OFFLOAD && s != TIO_SIM_ZERO_INFINITY)
                 assert_true(r.iteration_ns + 1 >= r.ideal_ns);
+            /* issue 13 item 2: the default planner always fits above the
+             * working-set floor (random_hw's capacity is >= max active) */
+            if (s == TIO_SIM_TERAIO && !r.plan_fits)
+                fail_msg("iteration %d: the teraio plan does not fit (capacity %llu, max "
+                         "active %llu)", iter, (unsigned long long)hw.capacity_bytes,
+                         (unsigned long long)lt->max_active_bytes);
             if (plan) {
                 if (!r.plan_fits) {
                     assert_true(r.overflow_bytes > 0);
@@ -340,9 +578,8 @@ static void test_sim_random_properties(void **state)
                     else if (first)
                         assert_true(prev->kind == TIO_MIGRATION_PREFETCH);
                 }
-                /* bytes the planner booked on each channel fit bandwidth x time:
-                 * the ideal iteration for Algorithm 1, the simulated one (which
-                 * includes the stalls it plans) for the fast planner */
+                /* bytes the planners moved on each channel fit bandwidth x the
+                 * simulated iteration, which includes the stalls they plan */
                 uint64_t booked[TIO_CH_N] = {0};
                 for (uint32_t i = 0; i < plan->n_migrations; i++) {
                     const tio_migration *m = &plan->migrations[i];
@@ -350,7 +587,7 @@ static void test_sim_random_properties(void **state)
                              (m->kind == TIO_MIGRATION_PREFETCH);
                     booked[ch] += m->bytes;
                 }
-                double span = s == TIO_SIM_TERAIO_ALG1 ? (double)ideal : (double)r.iteration_ns;
+                double span = (double)r.iteration_ns;
                 for (int c = 0; c < TIO_CH_N; c++)
                     assert_true((double)booked[c] <= rate[c] * span + 1.0);
                 /* a host-CPU profile (dispatch per kernel, host work per
@@ -422,11 +659,10 @@ static void test_plan_planned_stalls(void **state)
     tio_hw_plan_options(&hw, &o);
     uint64_t iter[2];
     for (int stalls = 0; stalls < 2; stalls++) {
-        tio_plan_fast_options fo;
-        tio_plan_fast_options_default(&fo);
-        fo.planned_stalls = stalls;
+        o.planned_stalls = stalls;
+        o.synchronous_moves = false;
         tio_plan *p;
-        assert_int_equal(tio_plan_build_fast(t, lt, &o, &fo, &p), 0);
+        assert_int_equal(tio_plan_build(t, lt, &o, &p), 0);
         assert_true(p->fits == (stalls == 1));
         tio_sim_report r;
         assert_int_equal(tio_sim_plan(t, lt, &hw, p, &r), 0);
@@ -449,7 +685,11 @@ int main(void)
         cmocka_unit_test(test_sim_hand_no_stall),
         cmocka_unit_test(test_sim_hand_stalls),
         cmocka_unit_test(test_sim_host_costs),
+        cmocka_unit_test(test_sim_fit_host_costs_round_trip),
+        cmocka_unit_test(test_sim_bandwidth_far_too_small_is_refused),
+        cmocka_unit_test(test_sim_synchronous_offload),
         cmocka_unit_test(test_sim_strategy_names),
+        cmocka_unit_test(test_sim_suite_parse),
         cmocka_unit_test(test_plan_planned_stalls),
         cmocka_unit_test(test_sim_random_properties),
     };

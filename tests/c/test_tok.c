@@ -24,8 +24,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <dirent.h>
 
 #include "teraio/tok.h"
+#include "tok/tok_internal.h"
 
 /* The rank files shipped with teraio, in the source tree. */
 static const char *shipped_dir(void)
@@ -284,6 +286,38 @@ static void test_hf_json(void **state)
     free(json);
 }
 
+/* Found with the new fuzz_tok_json seeds: with add_prefix_space, "c" is
+ * " c", two ids from one byte, so encode into len ids (what the Python
+ * binding, the CLI and the batch allotted) failed with -ENOSPC.  The bound is
+ * tio_tok_max_ids. */
+static void test_prefix_space_needs_one_more_id(void **state)
+{
+    char *json = toy_json("{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", false);
+    tio_tok *tok;
+    assert_int_equal(tio_tok_parse_hf(&tok, json, strlen(json)), 0);
+    assert_int_equal(tio_tok_max_ids(tok, 0), 0);
+    assert_int_equal(tio_tok_max_ids(tok, 1), 2);
+    assert_int_equal(tio_tok_max_ids(tok, 10), 11);
+    uint32_t ids[8];
+    size_t n;
+    assert_int_equal(tio_tok_encode(tok, "c", 1, 0, ids, 1, &n), -ENOSPC);
+    assert_int_equal(tio_tok_encode(tok, "c", 1, 0, ids, tio_tok_max_ids(tok, 1), &n), 0);
+    check_ids(ids, n, (uint32_t[]){' ', 'c'}, 2);
+    const char *texts[] = {"c", "c<|x|>c"};
+    size_t lens[] = {1, 7}, offsets[3];
+    assert_int_equal(tio_tok_encode_batch(tok, (const void *const *)texts, lens, 2, 0, 2, ids, 8, offsets), -ENOSPC);
+    assert_int_equal(tio_tok_encode_batch(tok, (const void *const *)texts, lens, 2, 0, 2, ids,
+                                          tio_tok_max_ids(tok, 1) + tio_tok_max_ids(tok, 7), offsets),
+                     0);
+    check_ids(ids, offsets[2], (uint32_t[]){' ', 'c', ' ', 'c', 300, ' ', 'c'}, 7);
+    tio_tok_destroy(tok);
+    free(json);
+    /* tiktoken encodings: len ids */
+    tok = toy();
+    assert_int_equal(tio_tok_max_ids(tok, 5), 5);
+    tio_tok_destroy(tok);
+}
+
 static void expect_hf_error(const char *pre, int code, const char *needle)
 {
     char *json = toy_json(pre, false);
@@ -355,6 +389,203 @@ static void test_cl100k_details(void **state)
     assert_int_equal(nb, strlen(mixed));
     assert_memory_equal(out, mixed, nb);
     tio_tok_destroy(tok);
+}
+
+/* Issue 12 item 19: the seeds of fuzz_tok_json did not parse (they failed
+ * at merges[3]), so the fuzzer never got past the parser.  Every seed must
+ * load and encode a text. */
+static void test_fuzz_tok_json_seeds_load(void **state)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/fuzz_tok_json", getenv("TIO_SOURCE_DIR"));
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int seeds = 0;
+    for (struct dirent *ent; (ent = readdir(d));) {
+        if (ent->d_name[0] == '.')
+            continue;
+        char path[4500];
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        static char json[1 << 20];
+        size_t len = fread(json, 1, sizeof json, f);
+        fclose(f);
+        tio_tok *tok = NULL;
+        if (tio_tok_parse_hf(&tok, json, len) != 0)
+            fail_msg("%s: %s", ent->d_name, tio_last_error());
+        uint32_t ids[64];
+        assert_true(enc(tok, "Hello, world! don't 123", 23, TIO_TOK_SPECIAL_TEXT, ids) > 0);
+        tio_tok_destroy(tok);
+        seeds++;
+    }
+    closedir(d);
+    assert_true(seeds >= 3);
+}
+
+/* ---- the built-in splitter (split_builtin.h) against PCRE2 ------------- */
+
+static tio_tok *toy_with(const char *pattern)
+{
+    size_t len;
+    char *ranks = toy_ranks(&len);
+    tio_tok *tok = NULL;
+    assert_int_equal(tio_tok_parse_tiktoken(&tok, ranks, len, pattern, toy_specials, 1), 0);
+    free(ranks);
+    return tok;
+}
+
+/* The pieces of text by the built-in splitter and by PCRE2: equal ends. */
+static void same_pieces(const tio_tok *tok, const char *text, size_t len, size_t *fast, size_t *ref)
+{
+    size_t nf, nr;
+    assert_int_equal(tok_split_pieces(tok, false, text, len, fast, len + 1, &nf), 0);
+    assert_int_equal(tok_split_pieces(tok, true, text, len, ref, len + 1, &nr), 0);
+    size_t i = 0;
+    while (i < nf && i < nr && fast[i] == ref[i])
+        i++;
+    if (i < nf || i < nr) {
+        size_t at = i ? fast[i - 1] : 0;
+        fail_msg("piece %zu at byte %zu ('%.12s'): built-in ends at %zd, PCRE2 at %zd", i, at,
+                 text + at, i < nf ? (ssize_t)fast[i] : -1, i < nr ? (ssize_t)ref[i] : -1);
+    }
+}
+
+/* text splits into the pieces `want` (NULL-terminated), by both. */
+static void expect_pieces(const tio_tok *tok, const char *text, const char *const *want)
+{
+    size_t len = strlen(text), fast[64], ref[64], at = 0, k = 0;
+    assert_true(len < 63);
+    same_pieces(tok, text, len, fast, ref);
+    for (; want[k]; k++) {
+        size_t n = strlen(want[k]);
+        if (fast[k] != at + n || memcmp(text + at, want[k], n))
+            fail_msg("'%s': piece %zu is '%.*s', expected '%s'", text, k, (int)(fast[k] - at),
+                     text + at, want[k]);
+        at += n;
+    }
+    assert_int_equal(at, len);
+}
+
+#define PIECES(tok, text, ...) expect_pieces(tok, text, (const char *const[]){__VA_ARGS__, NULL})
+
+static void test_split_gpt2_cases(void **state)
+{
+    tio_tok *tok = toy_with(TOK_PATTERN_GPT2);
+    assert_int_equal(tok->stages[0].builtin, TOK_SPLIT_GPT2);
+    PIECES(tok, "I'm you'll we're", "I", "'m", " you", "'ll", " we", "'re");
+    PIECES(tok, "I'M 'x", "I", "'", "M", " '", "x"); /* contractions are lower-case only */
+    PIECES(tok, "  hello", " ", " hello");
+    PIECES(tok, "a \n b", "a", " \n", " b");          /* \s+(?!\S) leaves the last space */
+    PIECES(tok, "a  \n", "a", "  \n");                /* ... except at the end */
+    PIECES(tok, "\n\nx", "\n", "\n", "x");
+    PIECES(tok, "12345 678", "12345", " 678");        /* no {1,3} here */
+    PIECES(tok, "\xc2\xa0" "a", "\xc2\xa0", "a");     /* U+00A0 is space, not ' ' */
+    PIECES(tok, "x?!  ", "x", "?!", "  ");
+    tio_tok_destroy(tok);
+}
+
+static void test_split_cl100k_cases(void **state)
+{
+    tio_tok *tok = toy_with(TOK_PATTERN_CL100K);
+    assert_int_equal(tok->stages[0].builtin, TOK_SPLIT_CL100K);
+    PIECES(tok, "I'M He'Ll", "I", "'M", " He", "'Ll");
+    PIECES(tok, "'\xc5\xbf" "a", "'\xc5\xbf", "a"); /* U+017F LONG S folds to s */
+    PIECES(tok, "'sup", "'s", "up");
+    PIECES(tok, "12345", "123", "45");
+    PIECES(tok, "\xd9\xa1\xd9\xa2\xd9\xa3\xd9\xa4", "\xd9\xa1\xd9\xa2\xd9\xa3", "\xd9\xa4"); /* Nd */
+    PIECES(tok, "\r\n\r\n  x", "\r\n\r\n", " ", " x");
+    PIECES(tok, "x  \n\t y", "x", "  \n", "\t", " y");
+    PIECES(tok, "foo)\n\n", "foo", ")\n\n");
+    PIECES(tok, " (\nx", " (\n", "x");
+    PIECES(tok, "\tword \xe3\x80\x80\xe4\xb8\xad", "\tword", " ", "\xe3\x80\x80\xe4\xb8\xad");
+    PIECES(tok, "e\xcc\x81", "e", "\xcc\x81"); /* a mark is not a letter */
+    PIECES(tok, "$x 1a", "$x", " ", "1", "a");
+    tio_tok_destroy(tok);
+}
+
+static void test_split_o200k_cases(void **state)
+{
+    tio_tok *tok = toy_with(TOK_PATTERN_O200K);
+    assert_int_equal(tok->stages[0].builtin, TOK_SPLIT_O200K);
+    PIECES(tok, "HelloWorld HELLOworld ABC", "Hello", "World", " HELLOworld", " ABC");
+    PIECES(tok, "don't DON'T ABC's", "don't", " DON'T", " ABC's");
+    PIECES(tok, "\xe4\xb8\xad" "A", "\xe4\xb8\xad", "A"); /* Lo is in both classes */
+    PIECES(tok, "e\xcc\x81" "A", "e\xcc\x81", "A");
+    PIECES(tok, "a/b x)\n/", "a", "/b", " x", ")\n/");
+    PIECES(tok, "12345", "123", "45");
+    PIECES(tok, "\n\n \t\n  x", "\n\n \t\n", " ", " x");
+    tio_tok_destroy(tok);
+}
+
+/* Invalid UTF-8 cuts the text; each valid run is split as a whole text. */
+static void test_split_invalid_utf8(void **state)
+{
+    const char *patterns[] = {TOK_PATTERN_GPT2, TOK_PATTERN_CL100K, TOK_PATTERN_O200K};
+    for (int p = 0; p < 3; p++) {
+        tio_tok *tok = toy_with(patterns[p]);
+        PIECES(tok, "ab\xff\xfe" "cd  \xc3", "ab", "\xff\xfe", "cd", "  ", "\xc3");
+        PIECES(tok, "a \xed\xa0\x80 b", "a", " ", "\xed\xa0\x80", " b"); /* a surrogate */
+        tio_tok_destroy(tok);
+    }
+}
+
+/* Every code point (the table of unicode_class.h) against PCRE2 (split.c's
+ * Unicode 16.0 classes), for each pattern: in contexts that tell each class
+ * apart (letter, number, space, o200k's two letter classes) all of them; in
+ * the contexts of the other rules (contractions, marks, prefixes) those
+ * below U+0800 and every 61st after.  Under sanitizers every 61st only. */
+static void test_split_every_code_point(void **state)
+{
+    static const char *contexts[] = {
+        /* every code point */
+        "a%s", "1%s2", " %s ", "ab%sCD", "AB%scd",
+        /* sampled */
+        "%s", "A%sb", "%sa", "'%s", "'%sa", "a'%s", "(%s", "%s\n ", "\xcc\x81%s", "%s\xcc\x81",
+        "\xe4\xb8\xad%sA", "%s%s"};
+    const size_t n_full = 5;
+    const char *patterns[] = {TOK_PATTERN_GPT2, TOK_PATTERN_CL100K, TOK_PATTERN_O200K};
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    const bool sanitized = true;
+#else
+    const bool sanitized = false;
+#endif
+    size_t cap = (size_t)0x110000 * 16 + 64;
+    char *text = malloc(cap);
+    size_t *fast = malloc(cap * sizeof *fast), *ref = malloc(cap * sizeof *ref);
+    assert_true(text && fast && ref);
+    for (int p = 0; p < 3; p++) {
+        tio_tok *tok = toy_with(patterns[p]);
+        for (size_t c = 0; c < sizeof contexts / sizeof contexts[0]; c++) {
+            size_t n = 0;
+            bool sampled = sanitized || c >= n_full;
+            for (uint32_t cp = 0; cp < 0x110000; cp += sampled && cp >= 0x800 ? 61 : 1) {
+                if ((cp >= 0xd800 && cp < 0xe000) || (sanitized && cp % 61))
+                    continue;
+                unsigned char u[5] = {0};
+                if (cp < 0x80) {
+                    u[0] = (unsigned char)cp;
+                } else if (cp < 0x800) {
+                    u[0] = (unsigned char)(0xc0 | cp >> 6), u[1] = (unsigned char)(0x80 | (cp & 63));
+                } else if (cp < 0x10000) {
+                    u[0] = (unsigned char)(0xe0 | cp >> 12);
+                    u[1] = (unsigned char)(0x80 | ((cp >> 6) & 63)), u[2] = (unsigned char)(0x80 | (cp & 63));
+                } else {
+                    u[0] = (unsigned char)(0xf0 | cp >> 18), u[1] = (unsigned char)(0x80 | ((cp >> 12) & 63));
+                    u[2] = (unsigned char)(0x80 | ((cp >> 6) & 63)), u[3] = (unsigned char)(0x80 | (cp & 63));
+                }
+                if (cp == 0)
+                    u[0] = 0x7f; /* "%s" cannot hold NUL; DEL is of the same class */
+                n += (size_t)snprintf(text + n, cap - n, contexts[c], (char *)u, (char *)u);
+                text[n++] = 0x7f; /* a separator of class "other" */
+            }
+            same_pieces(tok, text, n, fast, ref);
+        }
+        tio_tok_destroy(tok);
+    }
+    free(text);
+    free(fast);
+    free(ref);
 }
 
 /* Scratch folders under $TIO_TEST_TMPDIR, made empty; removed by
@@ -497,8 +728,15 @@ int main(void)
         cmocka_unit_test(test_rank_file_errors),
         cmocka_unit_test(test_hf_json),
         cmocka_unit_test(test_hf_errors),
+        cmocka_unit_test(test_prefix_space_needs_one_more_id),
         cmocka_unit_test(test_known_vectors),
         cmocka_unit_test(test_cl100k_details),
+        cmocka_unit_test(test_fuzz_tok_json_seeds_load),
+        cmocka_unit_test(test_split_gpt2_cases),
+        cmocka_unit_test(test_split_cl100k_cases),
+        cmocka_unit_test(test_split_o200k_cases),
+        cmocka_unit_test(test_split_invalid_utf8),
+        cmocka_unit_test(test_split_every_code_point),
         cmocka_unit_test(test_encoding_path_order),
         cmocka_unit_test(test_encoding_sha256_mismatch),
     };

@@ -156,16 +156,30 @@ else
 fi
 expect_status "plan: capacity too small exits 1" 1 \
   "$teraio" plan "$work/plan.tio" --capacity 2000 -o "$work/small.plan"
-expect_one_line_error "plan: does not fit" "$teraio" plan "$work/plan.tio" --capacity 4500 \
-  --ssd-read-gbps 0.25 --ssd-write-gbps 1 -o "$work/nofit.plan"
+expect_one_line_error "plan: does not fit (alg1)" "$teraio" plan "$work/plan.tio" --capacity 4500 \
+  --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner alg1 --no-synchronous-moves -o "$work/nofit.plan"
 if [ -s "$work/nofit.plan" ]; then
   passed=$((passed + 1))
 else
   failed=$((failed + 1))
   echo "FAIL: plan: a plan that does not fit is still written" >&2
 fi
-expect_status "plan: does not fit exits 1" 1 "$teraio" plan "$work/plan.tio" --capacity 4500 \
-  --ssd-read-gbps 0.25 --ssd-write-gbps 1 -o "$work/nofit.plan"
+expect_status "plan: does not fit exits 1 (alg1)" 1 "$teraio" plan "$work/plan.tio" --capacity 4500 \
+  --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner=alg1 --no-synchronous-moves -o "$work/nofit.plan"
+expect_status "plan: alg1 with the synchronous finish fits" 0 "$teraio" plan "$work/plan.tio" \
+  --capacity 4500 --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner alg1 -o "$work/fit.plan"
+expect_status "plan: teraio fits at the working-set floor" 0 "$teraio" plan "$work/plan.tio" \
+  --capacity 2500 --ssd-read-gbps 0.25 --ssd-write-gbps 1 -o "$work/floor.plan"
+expect_one_line_error "plan: unknown planner" "$teraio" plan "$work/plan.tio" --capacity 4500 \
+  --planner greedy -o "$work/x.plan"
+expect_status "plan: unknown planner exits 2" 2 "$teraio" plan "$work/plan.tio" --capacity 4500 \
+  --planner greedy -o "$work/x.plan"
+if "$teraio" plan --help | grep -q "cubically"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: plan --help does not say that alg1 grows about cubically" >&2
+fi
 expect_one_line_error "plan: missing trace" \
   "$teraio" plan "$work/missing.tio" --capacity 4000 -o "$work/x.plan"
 expect_status "plan: missing trace exits 1" 1 \
@@ -319,9 +333,27 @@ expect_one_line_error "eval: nothing to evaluate" "$teraio" eval
 expect_one_line_error "eval: unknown target" "$teraio" eval everything
 expect_one_line_error "eval: unknown option" "$teraio" eval paper --fast
 expect_one_line_error "eval paper: takes no file" "$teraio" eval paper "$work/plan.tio"
-expect_one_line_error "eval paper: missing --hw file" "$teraio" eval paper --hw "$work/none.conf"
-expect_one_line_error "eval paper: garbled --hw" "$teraio" eval paper --hw "$work/garbled.conf"
-expect_one_line_error "eval paper: --hw without a value" "$teraio" eval paper --hw
+expect_one_line_error "eval paper: no --traces" "$teraio" eval paper
+expect_one_line_error "eval paper: missing suite" "$teraio" eval paper --traces "$work/no-suite"
+mkdir -p "$work/suite"
+cp "$work/plan.tio" "$work/suite/t.tio"
+printf 'teraio-suite 1\nhw cli-test\nconfig tiny 4 8 1 1 125.0 t.tio\nconfig tiny 8 8 1 1 125.0 t.tio\nreference all teraio-alg1 0.8\n' >"$work/suite/suite.txt"
+expect_one_line_error "eval paper: missing --hw file" "$teraio" eval paper --traces "$work/suite" --hw "$work/none.conf"
+expect_one_line_error "eval paper: suite without hw.conf" "$teraio" eval paper --traces "$work/suite"
+expect_one_line_error "eval paper: garbled --hw" "$teraio" eval paper --traces "$work/suite" --hw "$work/garbled.conf"
+expect_one_line_error "eval paper: --hw without a value" "$teraio" eval paper --traces "$work/suite" --hw
+expect_one_line_error "eval paper: --alg1-seconds not a number" "$teraio" eval paper --traces "$work/suite" --alg1-seconds soon
+cp "$work/ok.conf" "$work/suite/hw.conf"
+expect_status "eval paper: a small suite" 0 "$teraio" eval paper --traces "$work/suite" --json
+"$teraio" eval paper --traces "$work/suite" --json --alg1-seconds 0 >"$work/suite.json" 2>/dev/null || true
+if grep -q '"fidelity"' "$work/suite.json" && grep -q '"trace": "t.tio"' "$work/suite.json"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: eval paper --json: no fidelity table or trace names" >&2
+fi
+printf 'teraio-suite 1\nhw cli-test\nconfig tiny 4 8 1 1 125.0 ../plan.tio\n' >"$work/suite/suite.txt"
+expect_one_line_error "eval paper: a trace outside the suite" "$teraio" eval paper --traces "$work/suite"
 expect_one_line_error "eval trace: no --hw" "$teraio" eval trace "$work/plan.tio"
 expect_one_line_error "eval trace: no trace" "$teraio" eval trace --hw "$work/ok.conf"
 expect_one_line_error "eval trace: missing trace" "$teraio" eval trace "$work/none.tio" --hw "$work/ok.conf"
@@ -331,11 +363,7 @@ expect_one_line_error "eval trace: unknown strategy" \
   "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --strategy fastest
 expect_one_line_error "eval trace: plan of another trace" \
   "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --plan "$work/unknown.plan"
-expect_one_line_error "eval demo: missing summary" "$teraio" eval demo "$work/none.json"
-expect_one_line_error "eval demo: --hw is not for demo" "$teraio" eval demo "$work/none.json" --hw "$work/ok.conf"
-expect_one_line_error "eval demo: a directory as summary" "$teraio" eval demo "$work"
-printf '{"capacity_bytes": 4000}\n' >"$work/summary.json"
-expect_one_line_error "eval demo: summary without measurements" "$teraio" eval demo "$work/summary.json"
+expect_one_line_error "eval demo: gone (the demo fits in-process)" "$teraio" eval demo "$work/none.json"
 printf 'teraio-trace 1\nmodel empty batch 1\ncounts 0 0 0\n' >"$work/empty.tio"
 expect_one_line_error "eval trace: a trace without kernels" \
   "$teraio" eval trace "$work/empty.tio" --hw "$work/ok.conf"

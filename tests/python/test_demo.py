@@ -4,7 +4,10 @@ import math
 import subprocess
 import sys
 
-from teraio.demo import teraio_bin
+import pytest
+
+from teraio._lib import TeraioError
+from teraio.core import Lifetime, Plan, Trace, fit_host_costs
 
 SMALL = ["--iterations", "5", "--dim", "192", "--layers", "2", "--heads", "4", "--ffn-dim", "512",
          "--seq-len", "128", "--batch", "4"]
@@ -34,54 +37,38 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
     assert all(len(s["validation_times_s"][k]) == 1 for k in "ECR")
     assert s["validation_bytes_moved_cal"] > 0 and s["validation_bytes_moved_offload"] > 0
     assert s["validation_capacity_bytes"] == s["capacity_bytes"]
-    exe = teraio_bin()
-    if exe:
-        def eval_demo(*extra):
-            return subprocess.run([exe, "eval", "demo", str(out / "summary.json"), *extra],
-                                  capture_output=True, text=True, timeout=60)
-
-        # One iteration per plan on a shared machine: the fit may be
-        # impossible (the calibration plan measured faster than its own
-        # simulation), which the check must then say in one line.
-        c = eval_demo("--json")
-        if c.returncode == 0:
-            check = json.loads(c.stdout)
-            assert abs(check["measured_s"] - s["validation_iter_time_offload_s"]) < 1e-5
-            assert check["host_overhead_us"] >= 0 and check["migration_host_ns_per_byte"] >= 0
-            assert check["simulated_s"] > 0 and math.isfinite(check["sim_vs_measured_error"])
-        else:
-            assert c.returncode == 1 and c.stderr.count("\n") == 1, c.stderr
-            assert "no host cost per byte fits" in c.stderr
-        text = (out / "summary.json").read_text()
-
-        def with_values(**values):
-            t = text
-            for key, v in values.items():
-                old = f'"{key}": {json.dumps(s[key])}'
-                assert old in t
-                t = t.replace(old, f'"{key}": {v}')
-            (out / "summary.json").write_text(t)
-
-        # The fit, checked on times far above any kernel time: the dispatch
-        # per kernel is what makes the empty plan's 10 s, and the calibration
-        # plan's 20 s needs a host cost per moved byte, which the demo's plan
-        # then pays too.
-        with_values(validation_iter_time_empty_s=10.0, validation_iter_time_cal_s=20.0)
-        c = eval_demo("--json")
-        assert c.returncode == 0, c.stderr
-        fit = json.loads(c.stdout)
-        want_us = (10.0 - fit["kernels_s"]) * 1e6 / fit["n_kernels"]
-        assert abs(fit["host_overhead_us"] - want_us) < 2e-3
-        assert fit["kernel_scale"] == 1 and fit["migration_host_ns_per_byte"] > 0
-        assert fit["simulated_s"] > 10.0
-        # a summary with impossible values is refused in one line
-        for key, bad, says in [("validation_iter_time_offload_s", "Infinity", "no finite number"),
-                               ("validation_capacity_bytes", "1e30", "out of range"),
-                               ("validation_capacity_bytes", "99999", "not the plan of this summary")]:
-            with_values(**{key: bad})
-            c = eval_demo()
-            assert c.returncode == 1 and c.stderr.count("\n") == 1 and says in c.stderr, c.stderr
-        (out / "summary.json").write_text(text)
+    # The simulator check ran in-process (fit_host_costs).  One iteration
+    # per plan on a shared machine: the fit may be impossible (the
+    # calibration plan measured faster than its own simulation), which the
+    # check must then say.
+    check = s["validation_sim_check"]
+    if "error" in check:
+        assert "no host cost per byte fits" in check["error"]
+    else:
+        assert abs(check["measured_s"] - s["validation_iter_time_offload_s"]) < 1e-9
+        assert check["host_overhead_us"] >= 0 and check["migration_host_ns_per_byte"] >= 0
+        assert check["simulated_s"] > 0 and math.isfinite(check["sim_vs_measured_error"])
+    # The fit, checked on times far above any kernel time: the dispatch per
+    # kernel is what makes the empty plan's 10 s, and the calibration plan's
+    # 20 s needs a host cost per moved byte, which the demo's plan then pays
+    # too.
+    trace = Trace.load(str(out / "trace_v.tio"))
+    lt = Lifetime(trace)
+    cal = Plan.load(str(out / "plan_v_cal.tio"), trace, lt)
+    plan = Plan.load(str(out / "plan_v.tio"), trace, lt)
+    fit = fit_host_costs(trace, lt, cal, plan, calibration_capacity_bytes=s["validation_capacity_cal_bytes"],
+                         capacity_bytes=s["capacity_bytes"], empty_s=10.0, calibration_s=20.0,
+                         measured_s=s["validation_iter_time_offload_s"],
+                         ssd_read_gbps=s["validation_ssd_read_gbps"],
+                         ssd_write_gbps=s["validation_ssd_write_gbps"])
+    want_us = (10.0 - fit["kernels_s"]) * 1e6 / fit["n_kernels"]
+    assert abs(fit["host_overhead_us"] - want_us) < 2e-3
+    assert fit["kernel_scale"] == 1 and fit["migration_host_ns_per_byte"] > 0
+    assert fit["simulated_s"] > 10.0
+    with pytest.raises(TeraioError, match="measured iteration times must be in"):
+        fit_host_costs(trace, lt, cal, plan, calibration_capacity_bytes=1, capacity_bytes=1,
+                       empty_s=float("inf"), calibration_s=20.0, measured_s=1.0,
+                       ssd_read_gbps=1.0, ssd_write_gbps=1.0)
 
 
 def test_missing_ssd_directory_is_one_line(tmp_path):

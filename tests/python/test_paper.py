@@ -1,11 +1,18 @@
 """The paper tracer (teraio.paper) on a 2-layer Llama built by Hugging Face
-transformers on the meta device: gradients found, sharding and M accounting."""
+transformers on the meta device: gradients found, sharding and M accounting,
+and the suite directory that `teraio eval paper --traces` reads."""
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("transformers")
 
 from teraio import paper  # noqa: E402
 from teraio.core import Lifetime, Trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = dict(cls="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
@@ -17,8 +24,8 @@ TINY = dict(cls="llama", hidden_size=64, intermediate_size=128, num_hidden_layer
 def tiny(monkeypatch, tmp_path):
     monkeypatch.setitem(paper.MODELS, "tiny", TINY)
     hw = tmp_path / "hw.conf"
-    hw.write_text("gpu_matmul_tflops = 60\ngpu_vector_tflops = 60\ngpu_mem_gbps = 3900\n"
-                  "matmul_efficiency = 0.7\nmem_efficiency = 0.8\nkernel_overhead_us = 5\n")
+    hw.write_text((ROOT / "hw" / "h100-nvl-paper.conf").read_text().replace(
+        "capacity_bytes = 94000000000", "capacity_bytes = 2000000"))
     return str(hw)
 
 
@@ -71,3 +78,46 @@ def test_paper_configurations_list_and_m_targets():
         assert (m, b, s) in paper.MICRO_BATCH
         lo, hi = paper.PAPER_M_RANGE[m]
         assert lo <= paper.paper_m(m, b, s) <= hi
+
+
+def test_roofline_needs_its_constants(tmp_path):
+    hw = tmp_path / "hw.conf"
+    hw.write_text("\n".join(line for line in (ROOT / "hw" / "h100-nvl-paper.conf").read_text().splitlines()
+                            if not line.startswith("gpu_mem_gbps")))
+    with pytest.raises(ValueError, match="lacks the roofline constants gpu_mem_gbps"):
+        paper.Roofline(paper.read_hw(str(hw)))
+
+
+def test_suite_directory_is_what_eval_paper_reads(tiny, tmp_path, monkeypatch):
+    # Two configurations of one trace and one of another: the suite holds two
+    # trace files, the profile, and the index; a second run traces nothing.
+    monkeypatch.setitem(paper.SHARDS, "tiny", 1)
+    monkeypatch.setattr(paper, "PAPER_RUNS", [("tiny", 4, 32), ("tiny", 4, 32), ("tiny", 2, 16)])
+    monkeypatch.setattr(paper, "PAPER_M_RANGE", {"tiny": (100, 200)})
+    monkeypatch.setattr(paper, "REFERENCES", [("all", "teraio-alg1", 0.8)])
+    out = tmp_path / "suite"
+    paper.write_suite(str(out), tiny)
+    lines = (out / "suite.txt").read_text().splitlines()
+    assert lines[:2] == ["teraio-suite 1", "hw h100-nvl-paper"]
+    configs = [x.split() for x in lines if x.startswith("config ")]
+    assert [c[1:4] for c in configs] == [["tiny", "4", "32"], ["tiny", "4", "32"], ["tiny", "2", "16"]]
+    assert configs[0][7] == configs[1][7] == "tiny-s32-mb4-x1-t2.tio" and configs[2][7] == "tiny-s16-mb2-x1-t2.tio"
+    assert "reference all teraio-alg1 0.8" in lines
+    assert sorted(p.name for p in out.iterdir()) == ["hw.conf", "suite.txt", "tiny-s16-mb2-x1-t2.tio",
+                                                    "tiny-s32-mb4-x1-t2.tio"]
+    stamp = (out / "tiny-s32-mb4-x1-t2.tio").stat().st_mtime_ns
+    paper.write_suite(str(out), tiny)
+    assert (out / "tiny-s32-mb4-x1-t2.tio").stat().st_mtime_ns == stamp  # cached
+    other = tmp_path / "other.conf"
+    other.write_text(Path(tiny).read_text() + "host_overhead_us = 1\n")
+    with pytest.raises(SystemExit, match="holds traces for another profile"):
+        paper.write_suite(str(out), str(other))
+    exe = ROOT / "build" / "bin" / "teraio"
+    if exe.exists():  # the C step reads what the Python step wrote
+        r = subprocess.run([str(exe), "eval", "paper", "--traces", str(out), "--json",
+                            "--alg1-seconds", "0"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert [c["seq"] for c in doc["configs"]] == [32, 32, 16]
+        assert doc["configs"][0]["results"] == doc["configs"][1]["results"]
+        assert doc["fidelity"][0]["model"] == "all" and doc["fidelity"][0]["paper"] == 0.8

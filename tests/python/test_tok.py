@@ -115,6 +115,31 @@ def test_stress_strings(name):
         assert tok.decode_bytes(ids) == s.encode()
 
 
+# The corners of the split patterns that src/tok/split_builtin.h writes out
+# by hand (tests/c/test_tok.c checks the same against PCRE2): contractions in
+# any case and U+017F LONG S, which folds to s; `\s+(?!\S)` leaving a
+# space to the next word but not at the end; digits in threes; CR/LF runs
+# inside spaces; the optional prefix before letters; letters and marks of
+# o200k's two classes (Lu/Lt/Lm/Lo/M then Ll/Lm/Lo/M); White_Space beyond
+# ASCII; a category new in Unicode 15-16 (U+1E5D0 Lo).
+SPLIT_EDGES = [
+    "I'M He'Ll we'RE they'Ve 'ſa 'ſ x's", "don't DON'T ABC's ABCs'",
+    "a  b   c    \n", "a \n b", "a  \t\n", "   ", " \n ", "x\r\n\r\n  y\n\n\t z\r\r\n",
+    "12345 1234567 ١٢٣٤ 1,234.5", "$x (a) \tword \u3000中文 \u00a0a \u2028b",
+    "HelloWorld HELLOworld ABC 中A e\u0301A \u0301A ǅungla ʰa", "a/b x)\n/ ../..\n\n//",
+    "\U0001e5d0\U0001e5d1 x\U00016100", "tab\there\x0b\x0c\x1c\x85end",
+]
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_split_edges_match_tiktoken(name):
+    ref, tok = reference(name), teraio_encoding(name)
+    for s in SPLIT_EDGES:
+        assert tok.encode(s) == ref.encode_ordinary(s), repr(s)
+        for cut in range(1, len(s)):  # each prefix ends the text somewhere else
+            assert tok.encode(s[:cut]) == ref.encode_ordinary(s[:cut]), repr(s[:cut])
+
+
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_special_tokens(name):
     ref, tok = reference(name), teraio_encoding(name)
@@ -286,6 +311,20 @@ def test_huggingface_tokenizer_json(tmp_path, name, llama3_style):
         ref = reference(name)
         for doc in docs[-20:]:
             assert tok.encode(doc) == ref.encode_ordinary(doc)
+
+
+def test_fuzz_tok_json_seeds_match_tokenizers():
+    """Issue 12 item 19: the fuzz_tok_json seeds are real tokenizer.json files
+    (scripts/gen-tok-json-seeds) that load in both libraries and give the
+    same ids."""
+    import tokenizers
+    seeds = sorted((REPO / "fuzz" / "corpus" / "fuzz_tok_json").glob("*.json"))
+    assert len(seeds) >= 3
+    docs = STRESS + SPLIT_EDGES + corpus(100_000, stride=97)
+    for seed in seeds:
+        hf, tok = tokenizers.Tokenizer.from_file(str(seed)), Tokenizer.huggingface(seed)
+        for doc in docs:
+            assert tok.encode(doc) == hf.encode(doc, add_special_tokens=False).ids, (seed.name, doc[:80])
 
 
 def test_batch_matches_single():

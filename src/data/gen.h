@@ -1,12 +1,12 @@
 /*
- * data/loader_internal.h — the generator: one rank's deterministic sample
+ * data/gen.h — the generator: one rank's deterministic sample
  * stream as a plain value (logical-shard plan, shard positions, mixing
  * counters, spans still to pack, partial sample, shuffle buffer).  The
  * threaded loader runs one generator in its prefetch thread and rebuilds
  * others from snapshots to serialize the delivered position.
  */
-#ifndef TERAIO_LOADER_INTERNAL_H
-#define TERAIO_LOADER_INTERNAL_H
+#ifndef TERAIO_DATA_GEN_H
+#define TERAIO_DATA_GEN_H
 
 #include "data/data_internal.h"
 
@@ -38,6 +38,7 @@ typedef struct {
     tio_shard_pos *pos;      /* per owned shard */
     uint64_t owned_docs;
     uint64_t tokens;         /* mixing counter: packed tokens drawn */
+    uint64_t empty_run;      /* empty documents drawn in a row */
     /* Derived from pos (rebuilt when agg_valid is false, e.g. after a state
      * is loaded): the lowest epoch among owned non-empty shards, documents
      * left and consumed in it, and a Fenwick tree over owned shards of the
@@ -81,6 +82,19 @@ int tio_gen_next(tio_gen *g, tio_gen_sample *out);
 int tio_gen_read_span(tio_gen *g, const tio_data_span *sp, uint32_t *dst);
 int tio_gen_sample_push(tio_gen_sample *s, const tio_data_span *sp);
 void tio_gen_sample_free(tio_gen_sample *s);
+/* Exchange two samples whole, or only what they hold (fill and spans),
+ * each keeping its token array. */
+void tio_gen_sample_swap(tio_gen_sample *a, tio_gen_sample *b);
+void tio_gen_sample_swap_spans(tio_gen_sample *a, tio_gen_sample *b);
+/* Read the tokens of a sample's spans through reader r. */
+int tio_gen_sample_fill(tio_data_reader *r, const tio_dataset *ds, const tio_loader_options *o,
+                        tio_gen_sample *s);
+/* Mixing: the sub-dataset to draw from next (-1: none has documents). */
+int tio_gen_pick_sub(const tio_gen *g);
+/* Position of one sub-dataset (a finished epoch reads as the next one). */
+void tio_gen_position(const tio_gen_sub *gs, tio_data_position *p);
+/* The settings fingerprint a state must carry to load under these options. */
+uint64_t tio_gen_fingerprint(const tio_dataset *ds, const tio_loader_options *o);
 int tio_gen_pending_push(tio_gen *g, const tio_data_span *sp);
 
 /* Samples produced by the prefetch thread and not yet delivered (tests). */
@@ -90,5 +104,10 @@ uint32_t tio_loader_queued(tio_loader *ld);
 int tio_gen_serialize(const tio_gen *g, void **buf, size_t *len);
 int tio_gen_load(tio_gen *g, const void *const *states, const size_t *lens, uint32_t n);
 int tio_state_check(const void *buf, size_t len, const char *name);
+/* The states' settings (fingerprint, logical shards, seq_len, one world
+ * size) against the options, from their fixed header, before anything is
+ * allocated for them: TIO_ESTATE, or the errors of tio_state_check. */
+int tio_state_precheck(const tio_dataset *ds, const tio_loader_options *o,
+                       const void *const *states, const size_t *lens, uint32_t n);
 
 #endif

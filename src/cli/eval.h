@@ -1,0 +1,31 @@
+/*
+ * cli/eval.h — the two halves of `teraio eval`: cmd_eval.c (arguments, one
+ * trace) and eval_paper.c (the paper's suite: table, JSON, charts).
+ */
+#ifndef TERAIO_CLI_EVAL_H
+#define TERAIO_CLI_EVAL_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "teraio/teraio.h"
+
+typedef struct {
+    const char *mode, *target, *hw_path, *plan_path, *svg_dir, *strategy, *traces_dir;
+    double alg1_seconds;   /* paper: how long the faithful Algorithm 1 may run; 0: skip */
+    bool json;
+} eval_args;
+
+/* One strategy's report as a JSON object (no trailing newline), and as a
+ * table row under eval_print_header(). */
+void eval_print_report_json(const char *name, const tio_sim_report *r, bool comma);
+
+/* fraction-of-ideal.svg and memory-timeline.svg (the first configuration)
+ * under `dir`; returns the exit status (one error line printed). */
+int eval_svg_write(const char *dir, const tio_sim_suite *suite, const tio_sim_suite_result *res,
+                   const tio_hw *hw);
+
+/* `teraio eval paper`; returns the exit status. */
+int eval_paper(const eval_args *a);
+
+#endif
