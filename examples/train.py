@@ -227,8 +227,12 @@ def build_model(args, vocab_size: int, world: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    # FSDP2 frees each layer's gathered parameters after forward (resizing their storage
+    # to 0) and gathers them again for backward.  teraio's runtime does not see storage
+    # resizes, so when it offloads, the layers keep them and teraio moves them to SSD
+    # between forward and backward instead.
     for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=args.offload_capacity is None)
     fully_shard(model, mesh=mesh)
     return model, mesh
 

@@ -49,14 +49,16 @@ def torchrun(nproc, *args, tmp, expect_rc=0, env=None, nnodes_args=None):
     tmp = Path(tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     # torchelastic leaves its scratch folders in TMPDIR: keep them in the test's
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), **(env or {}))
+    # faulthandler: a worker that dies of a signal prints its Python stacks
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), PYTHONFAULTHANDLER="1",
+                    **(env or {}))
     launch = nnodes_args if nnodes_args is not None else ["--standalone"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *launch,
            str(EXAMPLE), *map(str, args)]
     r = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300)
     if expect_rc is not None:
         assert (r.returncode == 0) == (expect_rc == 0), (r.returncode, r.stdout[-2000:],
-                                                         r.stderr[-4000:])
+                                                         r.stderr[-12000:])
     return r
 
 
