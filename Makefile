@@ -2,6 +2,7 @@
 #   make         build build/lib/libteraio.so and build/bin/teraio
 #   make test    C unit tests, CLI error tests, ASan+UBSan run, fuzz smoke, pytest
 #   make demo    train a real model with tensors offloaded to SSD (build/demo/)
+#   make demo-sweep  the same model at capacities 0.9 .. 0.1 of its peak (build/demo-sweep/)
 #   make bench   benchmarks (ratios against references measured in the same run)
 #   make paper   the TERAIO paper's configurations simulated (traces cached in
 #                build/paper-traces/<profile>/ by make paper-traces)
@@ -13,6 +14,7 @@ FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
 .PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-slow test-pip demo \
+	demo-sweep \
 	bench paper paper-traces clean
 
 all: build
@@ -59,6 +61,10 @@ test-pip: deps
 
 demo: build
 	$(PY) -m teraio.demo --out build/demo
+
+# The capacity sweep: 0.9 .. 0.1 of the peak (a few minutes); sweep.md is the README's table.
+demo-sweep: build
+	$(PY) -m teraio.demo --sweep --out build/demo-sweep
 
 bench: build
 	@scripts/bench

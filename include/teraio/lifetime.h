@@ -6,7 +6,8 @@
  * that wraps from its last use in one iteration to its first use in the
  * next), the memory curve M[k] (bytes that must be resident at kernel k if
  * nothing moves: global tensors always, intermediate tensors from their first
- * to their last access inclusive), and the statistics the TERAIO paper
+ * access to their last, or to the kernel before their free_kernel when the
+ * trace records a later one), and the statistics the TERAIO paper
  * (arXiv 2506.06472, §2) reports about them.
  *
  * Ownership: a tio_lifetime owns its arrays.  Read-only after creation; safe

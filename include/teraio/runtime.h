@@ -25,13 +25,38 @@
  * offloads_refused and logged (the first refusal as a warning, later ones
  * at debug level).
  *
- * Divergence: kernel_begin() compares the kernel's name with the trace.  On
- * the first mismatch the runtime logs one warning, stops issuing planned
- * migrations and from then on fetches offloaded tensors on demand
- * (ensure_resident), so results stay correct.
+ * Divergence: kernel_begin() compares the kernel's name with the trace, and
+ * tensor_bind() the tensor's id and size; an iteration that ends with a
+ * different number of kernels diverged too.  On the first mismatch of an
+ * iteration the runtime logs it (a warning the first time in the process,
+ * then at info level), stops issuing planned migrations for the rest of
+ * that iteration and fetches offloaded tensors on demand (ensure_resident),
+ * so results stay correct.  A tensor whose size differs from the trace is never bound,
+ * released or resized.  The next iteration_begin tries the plan again.
  *
- * Thread-safety: one runtime is driven from one thread (the training
- * thread); callbacks are invoked on that thread, from inside runtime calls.
+ * Iterations: iteration_begin() .. iteration_end().  Between two iterations
+ * the tensors the plan keeps away across the boundary stay offloaded; a use
+ * there goes through ensure_resident (counted in fetches_outside) and the
+ * next iteration_begin puts the tensor back where the plan has it at kernel
+ * 0.  Intermediate tensors are only bound within an iteration:
+ * iteration_end() makes every one still bound resident and unbinds it (a
+ * tensor the program keeps, such as its input batch or the loss, is never
+ * moved again).
+ *
+ * The capacity (the plan's capacity_bytes): resident_bytes at each kernel is
+ * its value after kernel_begin(k) plus every allocation made until the next
+ * kernel_begin or iteration_end (ensure_resident, tensor_bind,
+ * account_untracked).  peak_resident_bytes is the largest such value over
+ * all kernels, so memory held between iterations (a fetch outside an
+ * iteration) and before the first kernel does not count.  A kernel over the
+ * capacity is counted (over_capacity_kernels, over_capacity_bytes_max) and
+ * the first is logged (a warning the first time in the process, then at info
+ * level), with what the runtime knows of why.
+ *
+ * Thread-safety: one runtime is driven from one thread, the one that created
+ * it; every call from another thread except tio_runtime_destroy is refused
+ * with -EPERM (no effect).  Callbacks are invoked on that thread, from
+ * inside runtime calls.
  */
 #ifndef TERAIO_RUNTIME_H
 #define TERAIO_RUNTIME_H
@@ -73,17 +98,23 @@ typedef struct {
     uint64_t bytes_offloaded_ssd;
     uint64_t bytes_offloaded_host;
     uint64_t bytes_prefetched;    /* completed planned prefetches */
-    uint64_t bytes_fetched_urgent;/* urgent (on-demand) fetches */
+    uint64_t bytes_fetched_urgent;/* urgent (on-demand) fetches in iterations, fetch_all */
     uint64_t n_offloads, n_prefetches;
-    uint64_t stalls;              /* ensure_resident calls that had to wait */
+    uint64_t stalls;              /* ensure_resident calls in an iteration that had to wait */
     uint64_t stall_ns;            /* time spent waiting in those */
     uint64_t wait_ns;             /* time spent waiting at deadlines */
     uint64_t offloads_refused;    /* no space: kept resident */
-    uint64_t resident_bytes;      /* bound tensors currently resident */
-    uint64_t peak_resident_bytes; /* high-water mark of resident_bytes */
+    uint64_t resident_bytes;      /* bound tensors currently resident, plus untracked bytes */
+    uint64_t peak_resident_bytes; /* largest resident_bytes at any kernel */
     uint64_t iterations;          /* iteration_begin calls */
-    bool diverged;                /* kernel sequence left the trace */
-    uint32_t diverged_kernel;     /* where (valid if diverged) */
+    bool diverged;                /* some iteration left the trace */
+    uint32_t diverged_kernel;     /* where the last one did (valid if diverged) */
+    uint64_t diverged_iterations; /* iterations that left the trace */
+    uint64_t fetches_outside;     /* ensure_resident fetches between iterations */
+    uint64_t bytes_fetched_outside;
+    uint64_t over_capacity_kernels;   /* kernels whose resident bytes exceeded the capacity */
+    uint64_t over_capacity_bytes_max; /* largest excess over the capacity */
+    uint64_t capacity_bytes;      /* the plan's capacity */
 } tio_runtime_stats;
 
 typedef struct tio_runtime tio_runtime;
@@ -96,7 +127,8 @@ typedef struct tio_runtime tio_runtime;
  * creator may destroy it first.
  * The engine must have room for the most SSD bytes the plan holds at once
  * (each SSD tensor 4 KiB-aligned, from its first offload on: a global one
- * for good, an intermediate one until its last use in the trace).
+ * for good, an intermediate one until it dies, at its free kernel or else
+ * its last use in the trace).
  * Returns 0; TIO_EUNKNOWN (plan names a tensor the trace lacks); -EINVAL;
  * -ENOSPC (the engine's free space is smaller: the message says how much is
  * needed); -ENOMEM. */
@@ -109,13 +141,16 @@ TIO_API int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio
 TIO_API void tio_runtime_destroy(tio_runtime *rt);
 
 /* Tensor `tensor` (trace id) now exists and is resident at `addr` with
- * `bytes` bytes (must equal the trace's size).  Rebinding a bound tensor
- * replaces the address (a new allocation of the same id in a new
- * iteration).  Returns 0, TIO_EUNKNOWN, -EINVAL (size mismatch). */
+ * `bytes` bytes.  Rebinding a bound tensor replaces the address (a new
+ * allocation of the same id).  A tensor the trace does not have (id out of
+ * range) or of another size is not bound: the iteration diverged.
+ * Returns 0 (bound), 1 (not bound; divergence, see above), -EINVAL (NULL
+ * address), -EPERM (another thread), or an error of waiting for the old
+ * binding's I/O. */
 TIO_API int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64_t bytes);
 
 /* Tensor `tensor` died: waits for its in-flight I/O, drops its stored copy.
- * Returns 0 or TIO_EUNKNOWN. */
+ * Returns 0, TIO_EUNKNOWN (not bound), -EPERM (another thread). */
 TIO_API int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor);
 
 /* Start of a training iteration (kernel index restarts at 0).  The first
@@ -123,26 +158,49 @@ TIO_API int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor);
  * a tensor whose wrap-around period has it on SSD/host across the iteration
  * boundary is offloaded now (synchronously: write, wait, release), and one
  * whose offload is still being written at kernel 0 has that write started,
- * so the first iteration already stays within the planned memory.
- * Returns 0 or a negative error of those offloads (message names the tensor). */
+ * so the first iteration already stays within the planned memory.  Every
+ * later call does the same for tensors used between iterations (fetched on
+ * demand there), and starts reading back a tensor the plan has resident at
+ * kernel 0 that a diverged iteration left offloaded.
+ * Returns 0, -EPERM (another thread), or a negative error of those
+ * migrations (message names the tensor). */
 TIO_API int tio_runtime_iteration_begin(tio_runtime *rt);
 
+/* End of the iteration begun by the last iteration_begin: an iteration that
+ * ran another number of kernels than the trace has diverged; every bound
+ * intermediate tensor is made resident and unbound; untracked bytes are
+ * forgotten.  Returns 0, -EPERM, -EINVAL (no iteration begun), or the first
+ * error of bringing a tensor back. */
+TIO_API int tio_runtime_iteration_end(tio_runtime *rt);
+
+/* Memory the adapter sees but the plan does not manage (tensors allocated
+ * in an iteration after it diverged, or whose size differs from the trace):
+ * `delta_bytes` is added to resident_bytes (negative: removed) and counts
+ * against the capacity like any tensor; such memory is never moved.
+ * iteration_end() forgets what is left.  Returns 0, -EPERM, -EINVAL (more
+ * removed than was added). */
+TIO_API int tio_runtime_account_untracked(tio_runtime *rt, int64_t delta_bytes);
+
 /* Kernel k (name as in the trace) is about to run: fire its migrations.
- * Returns 0; 1 if this call detected divergence (on-demand mode from now
- * on); a negative error if a migration failed (message names the tensor). */
+ * Returns 0; 1 if this call detected divergence (on-demand mode for the
+ * rest of the iteration); -EPERM (another thread); a negative error if a
+ * migration failed (message names the tensor). */
 TIO_API int tio_runtime_kernel_begin(tio_runtime *rt, uint32_t k, const char *name);
 
 /* Make `tensor` resident (urgent fetch if it is offloaded or still being
- * prefetched) and return its address in *addr (may be NULL).
- * Returns 0 (already resident), 1 (had to wait: a stall), TIO_EUNKNOWN
- * (unbound tensor), or a negative I/O error. */
+ * prefetched) and return its address in *addr (may be NULL).  In an
+ * iteration a wait is a stall; between iterations a fetch is counted in
+ * fetches_outside.
+ * Returns 0 (already resident), 1 (had to wait), TIO_EUNKNOWN (unbound
+ * tensor), -EPERM (another thread), or a negative I/O error. */
 TIO_API int tio_runtime_ensure_resident(tio_runtime *rt, uint32_t tensor, void **addr);
 
-/* Is the tensor bound and resident right now?  (No I/O.) */
+/* Is the tensor bound and resident right now?  (No I/O.)  Like get_stats,
+ * for the owning thread only (not checked: no error to return). */
 TIO_API bool tio_runtime_is_resident(const tio_runtime *rt, uint32_t tensor);
 
 /* Bring every bound tensor back (end of training, checkpointing).
- * Returns 0 or the first error. */
+ * Returns 0, -EPERM (another thread), or the first error. */
 TIO_API int tio_runtime_fetch_all(tio_runtime *rt);
 
 TIO_API void tio_runtime_get_stats(const tio_runtime *rt, tio_runtime_stats *out);

@@ -6,7 +6,7 @@
  * measured or modelled duration), the tensors (one per storage allocation,
  * identified by a stable id), and which tensors each kernel read and wrote.
  * Lifetime analysis and planning consume it; the file format is documented
- * in docs/formats.md ("teraio-trace", version 1, line-oriented text).
+ * in docs/formats.md ("teraio-trace", versions 1 and 2, line-oriented text).
  *
  * Ownership: a tio_trace owns all of its arrays and strings.  The struct is
  * public for reading; change it only through the tio_trace_* functions.
@@ -22,7 +22,9 @@
 extern "C" {
 #endif
 
-#define TIO_TRACE_VERSION 1
+/* The newest file version this build reads (it reads 1 too) and writes
+ * (only when some tensor has a free_kernel; otherwise it writes 1). */
+#define TIO_TRACE_VERSION 2
 
 /* What a tensor is for.  Parameters, gradients and optimizer states are
  * normally global tensors (alive across iterations); activations (saved in
@@ -44,6 +46,13 @@ typedef struct {
     tio_tensor_kind kind;
     bool global;          /* lives across iterations (wrap-around periods) */
     char *name;           /* optional label ("layers.0.attn.wq"), may be NULL */
+    /* Intermediate tensors: the kernel before which the storage was freed,
+     * so its memory is held over [first access, free_kernel - 1], which may
+     * run past the last access (a Python variable or autograd still holds
+     * it); n_kernels: still held when the iteration ended.  0: not recorded,
+     * the tensor is taken as freed right after its last access.  Global
+     * tensors: always 0. */
+    uint32_t free_kernel;
 } tio_trace_tensor;
 
 typedef struct {
@@ -97,9 +106,18 @@ TIO_API int tio_trace_add_kernel(tio_trace *trace, const char *name, uint64_t du
  * TIO_EUNKNOWN (no such tensor), -ENOMEM. */
 TIO_API int tio_trace_add_access(tio_trace *trace, uint32_t tensor, uint8_t mode);
 
+/* Record that intermediate tensor `tensor` was freed before kernel `kernel`
+ * (see free_kernel above; call it once the kernels are added).
+ * Returns 0, TIO_EUNKNOWN (no such tensor), -EINVAL (a global tensor, kernel
+ * 0 or past n_kernels).  That it lies after the last access is checked by
+ * tio_trace_validate. */
+TIO_API int tio_trace_set_free_kernel(tio_trace *trace, uint32_t tensor, uint32_t kernel);
+
 /* Check internal consistency: every tensor accessed at least once, ids in
  * range, accesses grouped per kernel, each tensor at most once per kernel,
- * valid modes and names, total bytes and total duration below 2^64.
+ * valid modes and names, total bytes and total duration below 2^64, a
+ * free_kernel only on intermediate tensors, after their last access and at
+ * most n_kernels.
  * Returns 0, TIO_EPARSE with the reason in tio_last_error(), or -ENOMEM. */
 TIO_API int tio_trace_validate(const tio_trace *trace);
 

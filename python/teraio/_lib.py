@@ -75,7 +75,7 @@ class TraceTensor(Structure):
     _c_name = "tio_trace_tensor"
     _c_fields = {"global_": "global"}  # Python names that differ from the C field
     _fields_ = [("id", c_uint32), ("bytes", c_uint64), ("kind", c_int), ("global_", c_bool),
-                ("name", c_char_p)]
+                ("name", c_char_p), ("free_kernel", c_uint32)]
 
 
 class TraceKernel(Structure):
@@ -105,6 +105,7 @@ tio_trace_add_tensor = _fn("tio_trace_add_tensor", c_int, TraceP, c_uint64, c_in
                            POINTER(c_uint32))
 tio_trace_add_kernel = _fn("tio_trace_add_kernel", c_int, TraceP, c_char_p, c_uint64)
 tio_trace_add_access = _fn("tio_trace_add_access", c_int, TraceP, c_uint32, c_uint8)
+tio_trace_set_free_kernel = _fn("tio_trace_set_free_kernel", c_int, TraceP, c_uint32, c_uint32)
 tio_trace_validate = _fn("tio_trace_validate", c_int, TraceP)
 tio_trace_save = _fn("tio_trace_save", c_int, TraceP, c_char_p)
 tio_trace_load = _fn("tio_trace_load", c_int, c_char_p, POINTER(TraceP))
@@ -238,7 +239,10 @@ class RuntimeStats(Structure):
                 ("stalls", c_uint64), ("stall_ns", c_uint64), ("wait_ns", c_uint64),
                 ("offloads_refused", c_uint64), ("resident_bytes", c_uint64),
                 ("peak_resident_bytes", c_uint64), ("iterations", c_uint64), ("diverged", c_bool),
-                ("diverged_kernel", c_uint32)]
+                ("diverged_kernel", c_uint32), ("diverged_iterations", c_uint64),
+                ("fetches_outside", c_uint64), ("bytes_fetched_outside", c_uint64),
+                ("over_capacity_kernels", c_uint64), ("over_capacity_bytes_max", c_uint64),
+                ("capacity_bytes", c_uint64)]
 
 
 tio_runtime_create = _fn("tio_runtime_create", c_int, PlanP, TraceP, c_void_p, POINTER(RuntimeCallbacks),
@@ -247,6 +251,8 @@ tio_runtime_destroy = _fn("tio_runtime_destroy", None, c_void_p)
 tio_runtime_tensor_bind = _fn("tio_runtime_tensor_bind", c_int, c_void_p, c_uint32, c_void_p, c_uint64)
 tio_runtime_tensor_unbind = _fn("tio_runtime_tensor_unbind", c_int, c_void_p, c_uint32)
 tio_runtime_iteration_begin = _fn("tio_runtime_iteration_begin", c_int, c_void_p)
+tio_runtime_iteration_end = _fn("tio_runtime_iteration_end", c_int, c_void_p)
+tio_runtime_account_untracked = _fn("tio_runtime_account_untracked", c_int, c_void_p, c_int64)
 tio_runtime_kernel_begin = _fn("tio_runtime_kernel_begin", c_int, c_void_p, c_uint32, c_char_p)
 tio_runtime_ensure_resident = _fn("tio_runtime_ensure_resident", c_int, c_void_p, c_uint32,
                                   POINTER(c_void_p))

@@ -35,19 +35,26 @@ class Trace:
 
     @classmethod
     def build(cls, model: str, tensors: Sequence[tuple], kernels: Iterable[tuple]) -> "Trace":
-        """tensors: (bytes, kind name, is_global, name) in id order;
+        """tensors: (bytes, kind name, is_global, name[, free_kernel]) in id
+        order, free_kernel (intermediate tensors, optional, 0 = none) being
+        the kernel before which the storage was freed (trace.h);
         kernels: (name, duration_ns, [(tensor id, mode bits), ...])."""
         p = L.TraceP()
         L.check(L.tio_trace_create(model.encode(), ctypes.byref(p)))
         t = cls(p)
         tid = ctypes.c_uint32()
-        for nbytes, kind, is_global, name in tensors:
+        frees = []
+        for i, (nbytes, kind, is_global, name, *rest) in enumerate(tensors):
             L.check(L.tio_trace_add_tensor(p, _u64("tensor bytes", nbytes, 1), KINDS[kind], is_global,
                                            name.encode() if name else None, ctypes.byref(tid)))
+            if rest and rest[0]:
+                frees.append((i, rest[0]))
         for name, dur, accesses in kernels:
             L.check(L.tio_trace_add_kernel(p, name.encode(), _u64("kernel duration_ns", int(dur))))
             for tensor, mode in accesses:
                 L.check(L.tio_trace_add_access(p, tensor, mode))
+        for i, kernel in frees:
+            L.check(L.tio_trace_set_free_kernel(p, i, kernel))
         L.check(L.tio_trace_validate(p))
         return t
 
@@ -84,6 +91,9 @@ class Trace:
 
     def tensor_is_global(self, i: int) -> bool:
         return bool(self._p.contents.tensors[i].global_)
+
+    def tensor_free_kernel(self, i: int) -> int:
+        return self._p.contents.tensors[i].free_kernel
 
     def __del__(self):
         if getattr(self, "_p", None):

@@ -8,8 +8,9 @@
  *   2. one walk over the accesses in kernel order gives each tensor's first
  *      and last use and the bytes each kernel touches;
  *   3. M[k] from a difference array: an intermediate tensor adds its bytes at
- *      its first use and removes them after its last; global tensors add a
- *      constant;
+ *      its first use and removes them after its last, or at its free kernel
+ *      when the trace recorded a later one (the program held it past its
+ *      last use); global tensors add a constant;
  *   4. a counting sort of the accesses by tensor gives each tensor's uses in
  *      kernel order, and periods come from consecutive uses.  Walking
  *      tensors in id order and uses in kernel order, with the wrap-around
@@ -99,8 +100,9 @@ static void compute_curves(const tio_trace *tr, tio_lifetime *lt, uint64_t *delt
         if (tr->tensors[t].global) {
             global_bytes += b;
         } else {
+            uint32_t end = lt->last_use[t] + 1, freed = tr->tensors[t].free_kernel;
             delta[lt->first_use[t]] += b;
-            delta[lt->last_use[t] + 1] -= b;
+            delta[freed > end ? freed : end] -= b;
         }
     }
     uint64_t live = global_bytes;

@@ -37,9 +37,18 @@
  * whatever the cancelled write stored; it is overwritten by the next offload.
  *
  * Memory accounting: resident_bytes counts every bound tensor whose memory
- * is held (RESIDENT, OFFLOADING, PREFETCHING); the peak is updated whenever
- * it grows (bind, allocate), which covers the values seen after each bind
- * and at the end of each kernel_begin (releases precede allocations there).
+ * is held (RESIDENT, OFFLOADING, PREFETCHING) plus the adapter's untracked
+ * bytes.  A kernel's window opens at the end of its kernel_begin (releases
+ * precede allocations there, so that is the largest value inside the call)
+ * and closes at the next kernel_begin or iteration_end; every growth inside
+ * an open window is checked against the peak and the capacity.
+ *
+ * Placement at iteration_begin: a tensor's `at0` is where it is at
+ * kernel 0 in the plan's steady state (resident, its offload's write in
+ * flight, or away), computed once at create from the tensor's migrations.
+ * Each iteration_begin compares it with the tensor's state and moves what
+ * differs, so the first iteration, an iteration after a diverged one and an
+ * iteration after uses between iterations all start where the plan starts.
  *
  * Staging (optional callbacks): when the tensor's memory is not addressable
  * by the engine, every transfer goes through a host buffer the adapter
@@ -56,6 +65,8 @@
  * the tensor.  The engine's completion queue is the runtime's while it
  * exists: completions with tags it does not know are logged and dropped.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,8 +84,12 @@ typedef enum {
     IO_NONE = 0,
     IO_WRITE,       /* planned offload to SSD */
     IO_READ,        /* planned prefetch from SSD */
-    IO_READ_DEMAND, /* fetch on demand (ensure_resident, fetch_all) */
+    IO_READ_DEMAND, /* fetch on demand in an iteration, fetch_all, iteration_begin/end */
+    IO_READ_OUTSIDE,/* fetch on demand between iterations */
 } io_kind;
+
+/* Where a tensor is at kernel 0 in the plan's steady state. */
+typedef enum { AT0_RESIDENT = 0, AT0_WRITING, AT0_AWAY } initial_place;
 
 typedef struct {
     void *addr;        /* valid unless OFFLOADED */
@@ -89,6 +104,8 @@ typedef struct {
     tio_extent extent;
     void *host_copy;   /* [bytes] once the tensor was offloaded to the host tier */
     void *io_addr;     /* staging buffer of the request in flight, or NULL */
+    initial_place at0; /* steady-state place at kernel 0 */
+    uint32_t at0_offload; /* the offload migration that puts it there (unless RESIDENT) */
 } rt_tensor;
 
 enum { B_OFFLOAD_DEADLINE, B_PREFETCH_DEADLINE, B_OFFLOAD_TRIGGER, B_PREFETCH_TRIGGER, B_COUNT };
@@ -102,15 +119,85 @@ struct tio_runtime {
     uint32_t *bucket_start[B_COUNT]; /* [n_kernels + 1] offsets into bucket_mig */
     uint32_t *bucket_mig[B_COUNT];   /* migration indices, grouped by kernel */
     tio_runtime_stats stats;
+    pthread_t owner;               /* the only thread that may drive the runtime */
+    bool in_iteration;             /* between iteration_begin and iteration_end */
+    bool iter_diverged;            /* this iteration left the trace: no planned migrations */
+    bool window_open;              /* a kernel's window is open (see the file comment) */
+    bool window_over;              /* ... and has been counted over the capacity */
+    bool over_logged;              /* the first kernel over the capacity was logged */
+    uint32_t window_kernel;        /* the kernel whose window is open */
+    uint32_t next_kernel;          /* one past the last kernel_begin index of the iteration */
+    uint64_t untracked_bytes;      /* tio_runtime_account_untracked total */
 };
 
 #define REAP_BATCH 64
 
+/* The first divergence and the first kernel over the capacity in the
+ * process are logged as warnings, later ones at info level: a training job
+ * that switches plans makes a runtime per plan, and says each thing once. */
+static atomic_bool warned_divergence, warned_over_capacity;
+
+static int first_warning(atomic_bool *warned)
+{
+    return atomic_exchange(warned, true) ? TIO_LOG_INFO : TIO_LOG_WARN;
+}
+
+/* Why a kernel may hold more than the plan said, as far as the runtime
+ * can tell. */
+static const char *over_capacity_reason(const tio_runtime *rt)
+{
+    if (rt->iter_diverged)
+        return "the iteration left the profiled sequence";
+    if (rt->stats.offloads_refused)
+        return "offloads were refused for lack of SSD or host space";
+    if (!rt->plan->fits)
+        return "the plan itself does not fit the capacity";
+    return "memory the trace did not show";
+}
+
+/* Check the resident bytes against the peak and the capacity, if a
+ * kernel's window is open. */
+static void note_resident(tio_runtime *rt)
+{
+    if (!rt->window_open)
+        return;
+    uint64_t r = rt->stats.resident_bytes, cap = rt->stats.capacity_bytes;
+    if (r > rt->stats.peak_resident_bytes)
+        rt->stats.peak_resident_bytes = r;
+    if (r <= cap)
+        return;
+    if (r - cap > rt->stats.over_capacity_bytes_max)
+        rt->stats.over_capacity_bytes_max = r - cap;
+    if (rt->window_over)
+        return;
+    rt->window_over = true;
+    rt->stats.over_capacity_kernels++;
+    if (rt->over_logged)
+        return;
+    rt->over_logged = true;
+    char rb[32], cb[32];
+    uint32_t k = rt->window_kernel;
+    tio_log(first_warning(&warned_over_capacity),
+            "runtime: kernel %u ('%s') holds %s resident, over the capacity of %s (%s); "
+            "stats over_capacity_kernels and over_capacity_bytes_max count every such kernel",
+            k, k < rt->trace->n_kernels ? rt->trace->kernels[k].name : "past the trace",
+            tio_format_bytes(r, rb), tio_format_bytes(cap, cb), over_capacity_reason(rt));
+}
+
 static void resident_add(tio_runtime *rt, uint64_t bytes)
 {
     rt->stats.resident_bytes += bytes;
-    if (rt->stats.resident_bytes > rt->stats.peak_resident_bytes)
-        rt->stats.peak_resident_bytes = rt->stats.resident_bytes;
+    note_resident(rt);
+}
+
+/* Calls from a thread other than the creator's are refused. */
+static int check_thread(const tio_runtime *rt, const char *fn)
+{
+    if (pthread_equal(rt->owner, pthread_self()))
+        return 0;
+    return tio_fail(-EPERM,
+                    "%s: called from another thread; a runtime is driven only from the thread "
+                    "that created it", fn);
 }
 
 /* Keep the first error of a sequence of steps that must all run. */
@@ -241,6 +328,19 @@ static int unstage(tio_runtime *rt, uint32_t id, bool copy_in)
     return 0;
 }
 
+/* A read of `bytes` of `kind` completed. */
+static void count_read(tio_runtime *rt, io_kind kind, uint64_t bytes)
+{
+    if (kind == IO_READ) {
+        rt->stats.bytes_prefetched += bytes;
+        rt->stats.n_prefetches++;
+    } else if (kind == IO_READ_OUTSIDE) {
+        rt->stats.bytes_fetched_outside += bytes;
+    } else {
+        rt->stats.bytes_fetched_urgent += bytes;
+    }
+}
+
 /* Apply one engine completion to its tensor. */
 static void complete(tio_runtime *rt, const tio_completion *c)
 {
@@ -284,12 +384,9 @@ static void complete(tio_runtime *rt, const tio_completion *c)
         rt->stats.n_offloads++;
         break;
     case IO_READ:
-        rt->stats.bytes_prefetched += t->bytes;
-        rt->stats.n_prefetches++;
-        t->state = TENSOR_RESIDENT;
-        break;
     case IO_READ_DEMAND:
-        rt->stats.bytes_fetched_urgent += t->bytes;
+    case IO_READ_OUTSIDE:
+        count_read(rt, kind, t->bytes);
         t->state = TENSOR_RESIDENT;
         break;
     case IO_NONE:
@@ -397,12 +494,14 @@ static int offload_trigger(tio_runtime *rt, const tio_migration *m)
 {
     uint32_t id = m->tensor;
     rt_tensor *t = &rt->tensors[id];
-    if (!t->bound || t->state != TENSOR_RESIDENT)
+    /* A read started by iteration_begin may still be running: finish it so
+     * the tensor leaves as planned.  A cancelled offload's write may still be
+     * running too; one request per tensor at a time, and its error is
+     * reported now. */
+    if (!t->bound || (t->state != TENSOR_RESIDENT && t->state != TENSOR_PREFETCHING))
         return 0;
-    /* A cancelled offload's write may still be running; one request per
-     * tensor at a time, and its error is reported now. */
     int rc = wait_result(rt, id, &rt->stats.wait_ns);
-    if (rc < 0)
+    if (rc < 0 || t->state != TENSOR_RESIDENT)
         return rc;
     if (m->tier == TIO_TIER_HOST) {
         if (!t->host_copy && !(t->host_copy = malloc(t->bytes))) {
@@ -469,12 +568,7 @@ static int start_fetch(tio_runtime *rt, uint32_t id, io_kind kind, bool urgent)
             return rc;
         }
         t->state = TENSOR_RESIDENT;
-        if (kind == IO_READ) {
-            rt->stats.bytes_prefetched += t->bytes;
-            rt->stats.n_prefetches++;
-        } else {
-            rt->stats.bytes_fetched_urgent += t->bytes;
-        }
+        count_read(rt, kind, t->bytes);
         return 0;
     }
     void *dst;
@@ -506,17 +600,19 @@ static int prefetch_trigger(tio_runtime *rt, const tio_migration *m)
     return rc;
 }
 
-/* The kernel sequence left the trace: let every migration in flight finish
- * (writes are waited for and released, reads complete), then stop. */
-static int diverge(tio_runtime *rt, uint32_t k, const char *name)
+/* The iteration left the trace at kernel k (`why` says how): let every
+ * migration in flight finish (writes are waited for and released, reads
+ * complete), then stop planned migrations until the next iteration_begin. */
+static int diverge(tio_runtime *rt, uint32_t k, const char *why)
 {
-    const char *expected = k < rt->trace->n_kernels ? rt->trace->kernels[k].name : "(none)";
-    tio_log(TIO_LOG_WARN,
-            "runtime: kernel %u is '%s' but the trace has '%s'; planned migrations stop, "
-            "offloaded tensors are fetched on demand",
-            k, name ? name : "(null)", expected);
+    tio_log(first_warning(&warned_divergence),
+            "runtime: iteration %llu left the trace at kernel %u: %s; planned migrations stop "
+            "for this iteration, offloaded tensors are fetched on demand",
+            (unsigned long long)rt->stats.iterations, k, why);
     rt->stats.diverged = true;
     rt->stats.diverged_kernel = k;
+    rt->stats.diverged_iterations++;
+    rt->iter_diverged = true;
     int first = 0;
     for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
         rt_tensor *t = &rt->tensors[id];
@@ -529,17 +625,39 @@ static int diverge(tio_runtime *rt, uint32_t k, const char *name)
     return first < 0 ? first : 1;
 }
 
+/* Kernel k's window opens (the previous one closed at the start of this
+ * kernel_begin). */
+static void open_window(tio_runtime *rt, uint32_t k)
+{
+    rt->window_open = true;
+    rt->window_over = false;
+    rt->window_kernel = k;
+    note_resident(rt);
+}
+
 int tio_runtime_kernel_begin(tio_runtime *rt, uint32_t k, const char *name)
 {
     if (!rt)
         return tio_fail(-EINVAL, "runtime_kernel_begin: runtime is NULL");
-    if (rt->stats.diverged)
+    int first = check_thread(rt, "tio_runtime_kernel_begin");
+    if (first < 0)
+        return first;
+    rt->window_open = false;
+    if (k >= rt->next_kernel)
+        rt->next_kernel = k + 1;
+    if (rt->iter_diverged) {
+        open_window(rt, k);
         return 0;
-    int first = reap(rt, 0);
+    }
+    first = reap(rt, 0);
     if (first > 0)
         first = 0;
     if (k >= rt->trace->n_kernels || !name || strcmp(name, rt->trace->kernels[k].name) != 0) {
-        int rc = diverge(rt, k, name);
+        char why[512];
+        snprintf(why, sizeof why, "kernel '%s', the trace has '%s'", name ? name : "(null)",
+                 k < rt->trace->n_kernels ? rt->trace->kernels[k].name : "(none: it ends before)");
+        int rc = diverge(rt, k, why);
+        open_window(rt, k);
         return first < 0 ? first : rc;
     }
     static int (*const step[B_COUNT])(tio_runtime *, const tio_migration *) = {
@@ -564,6 +682,7 @@ int tio_runtime_kernel_begin(tio_runtime *rt, uint32_t k, const char *name)
             keep_first(&first, rc);
         }
     }
+    open_window(rt, k);
     return first;
 }
 
@@ -577,42 +696,61 @@ static int check_bound(const tio_runtime *rt, uint32_t tensor)
     return 0;
 }
 
+/* Make bound tensor `id` resident.  Returns 0 (it was), 1 (it had to be
+ * waited for or fetched; *waited_ns gets the time), or an error. */
+static int make_resident(tio_runtime *rt, uint32_t id, io_kind kind, uint64_t *waited_ns)
+{
+    rt_tensor *t = &rt->tensors[id];
+    if (t->state == TENSOR_OFFLOADING) {
+        t->state = TENSOR_RESIDENT; /* used during its offload: never release it */
+        return 0;
+    }
+    if (t->state == TENSOR_RESIDENT)
+        return 0;
+    uint64_t t0 = tio_now_ns();
+    int rc = 0;
+    if (t->state == TENSOR_OFFLOADED) {
+        if (t->err) {
+            tio_log(TIO_LOG_WARN, "runtime: %s; fetching it again on demand",
+                    t->err_msg ? t->err_msg : tio_strerror(t->err));
+            clear_pending_error(t);
+        }
+        rc = start_fetch(rt, id, kind, true);
+    }
+    if (rc == 0)
+        rc = wait_result(rt, id, NULL);
+    *waited_ns = tio_now_ns() - t0;
+    return rc < 0 ? rc : 1;
+}
+
 int tio_runtime_ensure_resident(tio_runtime *rt, uint32_t tensor, void **addr)
 {
     if (!rt)
         return tio_fail(-EINVAL, "runtime_ensure_resident: runtime is NULL");
-    int rc = check_bound(rt, tensor);
+    int rc = check_thread(rt, "tio_runtime_ensure_resident");
+    if (rc == 0)
+        rc = check_bound(rt, tensor);
     if (rc < 0)
         return rc;
     rc = reap(rt, 0);
     if (rc < 0)
         return tio_fail(rc, "tensor %u: reaping the engine: %s", tensor, tio_last_error());
-    rc = 0;
     rt_tensor *t = &rt->tensors[tensor];
-    int result = 0;
-    if (t->state == TENSOR_OFFLOADING) {
-        t->state = TENSOR_RESIDENT; /* used during its offload: never release it */
-    } else if (t->state == TENSOR_PREFETCHING || t->state == TENSOR_OFFLOADED) {
-        uint64_t t0 = tio_now_ns();
-        if (t->state == TENSOR_OFFLOADED) {
-            if (t->err) {
-                tio_log(TIO_LOG_WARN, "runtime: %s; fetching it again on demand",
-                        t->err_msg ? t->err_msg : tio_strerror(t->err));
-                clear_pending_error(t);
-            }
-            rc = start_fetch(rt, tensor, IO_READ_DEMAND, true);
-        }
-        if (rc == 0)
-            rc = wait_result(rt, tensor, NULL);
+    bool outside = !rt->in_iteration && rt->stats.iterations > 0;
+    bool fetching = t->state == TENSOR_OFFLOADED;
+    uint64_t waited_ns = 0;
+    rc = make_resident(rt, tensor, outside ? IO_READ_OUTSIDE : IO_READ_DEMAND, &waited_ns);
+    if (outside) {
+        rt->stats.fetches_outside += rc == 1 && fetching;
+    } else if (rc != 0) {
         rt->stats.stalls++;
-        rt->stats.stall_ns += tio_now_ns() - t0;
-        if (rc < 0)
-            return rc;
-        result = 1;
+        rt->stats.stall_ns += waited_ns;
     }
+    if (rc < 0)
+        return rc;
     if (addr)
         *addr = t->addr;
-    return result;
+    return rc;
 }
 
 bool tio_runtime_is_resident(const tio_runtime *rt, uint32_t tensor)
@@ -631,18 +769,32 @@ int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64
 {
     if (!rt)
         return tio_fail(-EINVAL, "runtime_tensor_bind: runtime is NULL");
-    if (tensor >= rt->trace->n_tensors)
-        return tio_fail(TIO_EUNKNOWN, "tensor %u does not exist (the trace has %u tensors)",
-                        tensor, rt->trace->n_tensors);
-    rt_tensor *t = &rt->tensors[tensor];
-    if (bytes != t->bytes)
-        return tio_fail(-EINVAL, "tensor %u: bound with %llu bytes, the trace says %llu", tensor,
-                        (unsigned long long)bytes, (unsigned long long)t->bytes);
+    int rc = check_thread(rt, "tio_runtime_tensor_bind");
+    if (rc < 0)
+        return rc;
     if (!addr)
         return tio_fail(-EINVAL, "tensor %u: bound to a NULL address", tensor);
+    char why[160];
+    if (tensor >= rt->trace->n_tensors)
+        snprintf(why, sizeof why, "tensor %u does not exist (the trace has %u tensors)", tensor,
+                 rt->trace->n_tensors);
+    else if (bytes != rt->tensors[tensor].bytes)
+        snprintf(why, sizeof why, "tensor %u has %llu bytes, the trace %llu", tensor,
+                 (unsigned long long)bytes, (unsigned long long)rt->tensors[tensor].bytes);
+    else
+        why[0] = 0;
+    if (why[0]) {
+        uint32_t k = rt->next_kernel ? rt->next_kernel - 1 : 0;
+        if (rt->iter_diverged)
+            return 1;
+        rc = diverge(rt, k, why);
+        note_resident(rt);
+        return rc;
+    }
+    rt_tensor *t = &rt->tensors[tensor];
     /* Rebinding replaces the tensor's contents: an old request's outcome no
      * longer matters, but its buffer must not be in use when we return. */
-    int rc = wait_io(rt, tensor, NULL);
+    rc = wait_io(rt, tensor, NULL);
     if (rc < 0)
         return rc;
     clear_pending_error(t);
@@ -655,15 +807,11 @@ int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64
     return 0;
 }
 
-int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor)
+/* Forget bound tensor `id`: wait for its I/O, drop its stored copy. */
+static int unbind(tio_runtime *rt, uint32_t id)
 {
-    if (!rt)
-        return tio_fail(-EINVAL, "runtime_tensor_unbind: runtime is NULL");
-    int rc = check_bound(rt, tensor);
-    if (rc < 0)
-        return rc;
-    rt_tensor *t = &rt->tensors[tensor];
-    rc = wait_io(rt, tensor, NULL);
+    rt_tensor *t = &rt->tensors[id];
+    int rc = wait_io(rt, id, NULL);
     clear_pending_error(t); /* the tensor is dead: its copy no longer matters */
     if (holds_memory(t))
         rt->stats.resident_bytes -= t->bytes;
@@ -679,15 +827,29 @@ int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor)
     return rc;
 }
 
+int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_tensor_unbind: runtime is NULL");
+    int rc = check_thread(rt, "tio_runtime_tensor_unbind");
+    if (rc == 0)
+        rc = check_bound(rt, tensor);
+    if (rc < 0)
+        return rc;
+    return unbind(rt, tensor);
+}
+
 /* The prefetch trigger that ends offload `o`'s stay away from the device:
  * the same tensor's prefetch whose trigger comes first, cyclically, at or
- * after o's deadline.  Returns false if the plan has none. */
-static bool matching_prefetch(const tio_plan *plan, const tio_migration *o, uint32_t *trigger)
+ * after o's deadline, among migrations [from, to) of by_tensor.  Returns
+ * false if there is none. */
+static bool matching_prefetch(const tio_plan *plan, const uint32_t *by_tensor, uint32_t from,
+                              uint32_t to, const tio_migration *o, uint32_t *trigger)
 {
     uint32_t n = plan->n_kernels, best = UINT32_MAX;
-    for (uint32_t i = 0; i < plan->n_migrations; i++) {
-        const tio_migration *m = &plan->migrations[i];
-        if (m->tensor != o->tensor || m->kind != TIO_MIGRATION_PREFETCH)
+    for (uint32_t i = from; i < to; i++) {
+        const tio_migration *m = &plan->migrations[by_tensor[i]];
+        if (m->kind != TIO_MIGRATION_PREFETCH)
             continue;
         uint32_t dist = (m->trigger_kernel + n - o->deadline_kernel) % n;
         if (dist < best) {
@@ -698,32 +860,80 @@ static bool matching_prefetch(const tio_plan *plan, const tio_migration *o, uint
     return best != UINT32_MAX;
 }
 
-/* Before the first iteration run under the plan, put every tensor where the
- * steady state has it at kernel 0.  A plan's wrap-around periods start in
- * the tail of one iteration and end in the next; the first iteration has no
- * predecessor, so without this its global tensors would all start resident
- * and the memory would exceed the plan until their next offload.  Two cases:
- *   the offload's deadline wraps (deadline < trigger): the write is in
- *     flight at kernel 0 — start it now; the deadline releases the memory;
- *   the offload completed before the end (deadline >= trigger) and the
- *     prefetch trigger wraps (prefetch trigger < deadline): the tensor is
- *     away at kernel 0 — write it now, wait, release. */
-static int place_initially(tio_runtime *rt)
+/* Each tensor's place at kernel 0 in the plan's steady state.  A plan's
+ * wrap-around periods start in the tail of one iteration and end in the
+ * next; at kernel 0 such a tensor is
+ *   writing: the offload's deadline wraps (deadline < trigger), its write is
+ *     in flight at kernel 0;
+ *   away: the offload completed before the end (deadline >= trigger) and
+ *     the prefetch trigger wraps (prefetch trigger < deadline).
+ * The migrations are grouped by tensor first (counting sort), so this costs
+ * O(sum over tensors of its migrations squared), small per tensor. */
+static int compute_initial_places(tio_runtime *rt)
 {
     const tio_plan *plan = rt->plan;
+    uint32_t nt = rt->trace->n_tensors;
+    uint32_t *start = calloc((size_t)nt + 1, sizeof *start);
+    uint32_t *by_tensor = malloc(((size_t)plan->n_migrations + 1) * sizeof *by_tensor);
+    if (!start || !by_tensor) {
+        free(start);
+        free(by_tensor);
+        return tio_fail(-ENOMEM, "runtime: out of memory grouping %u migrations by tensor",
+                        plan->n_migrations);
+    }
+    for (uint32_t i = 0; i < plan->n_migrations; i++)
+        start[plan->migrations[i].tensor + 1]++;
+    for (uint32_t t = 0; t < nt; t++)
+        start[t + 1] += start[t];
+    for (uint32_t i = 0; i < plan->n_migrations; i++)
+        by_tensor[start[plan->migrations[i].tensor]++] = i;
+    for (uint32_t t = nt; t > 0; t--) /* restore the offsets the fill advanced */
+        start[t] = start[t - 1];
+    start[0] = 0;
+    for (uint32_t t = 0; t < nt; t++) {
+        for (uint32_t i = start[t]; i < start[t + 1]; i++) {
+            const tio_migration *o = &plan->migrations[by_tensor[i]];
+            uint32_t pre;
+            if (o->kind != TIO_MIGRATION_OFFLOAD ||
+                !matching_prefetch(plan, by_tensor, start[t], start[t + 1], o, &pre))
+                continue;
+            bool writing = o->deadline_kernel < o->trigger_kernel;
+            bool away = !writing && pre < o->deadline_kernel;
+            if (writing || away) {
+                rt->tensors[t].at0 = writing ? AT0_WRITING : AT0_AWAY;
+                rt->tensors[t].at0_offload = by_tensor[i];
+            }
+        }
+    }
+    free(start);
+    free(by_tensor);
+    return 0;
+}
+
+/* Before kernel 0: move every bound tensor whose state differs from its
+ * steady-state place at kernel 0.  A resident tensor the plan has writing
+ * gets its write started (the deadline releases it); one the plan has away
+ * is written, waited for and released; an offloaded one the plan has
+ * resident (left so by a diverged iteration) starts coming back. */
+static int place_at_begin(tio_runtime *rt)
+{
     int first = 0;
-    for (uint32_t i = 0; i < plan->n_migrations; i++) {
-        const tio_migration *o = &plan->migrations[i];
-        uint32_t pre;
-        if (o->kind != TIO_MIGRATION_OFFLOAD || !rt->tensors[o->tensor].bound ||
-            rt->tensors[o->tensor].state != TENSOR_RESIDENT || !matching_prefetch(plan, o, &pre))
+    for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
+        rt_tensor *t = &rt->tensors[id];
+        if (!t->bound)
             continue;
-        bool write_in_flight = o->deadline_kernel < o->trigger_kernel;
-        bool away = o->deadline_kernel >= o->trigger_kernel && pre < o->deadline_kernel;
-        if (!write_in_flight && !away)
+        if (t->at0 == AT0_RESIDENT) {
+            if (t->state == TENSOR_OFFLOADED) {
+                clear_pending_error(t);
+                keep_first(&first, start_fetch(rt, id, IO_READ_DEMAND, false));
+            }
             continue;
+        }
+        if (t->state != TENSOR_RESIDENT)
+            continue;
+        const tio_migration *o = &rt->plan->migrations[t->at0_offload];
         int rc = offload_trigger(rt, o);
-        if (rc == 0 && away)
+        if (rc == 0 && t->at0 == AT0_AWAY)
             rc = offload_deadline(rt, o);
         keep_first(&first, rc);
     }
@@ -734,20 +944,85 @@ int tio_runtime_iteration_begin(tio_runtime *rt)
 {
     if (!rt)
         return tio_fail(-EINVAL, "runtime_iteration_begin: runtime is NULL");
-    int rc = reap(rt, 0);
+    int rc = check_thread(rt, "tio_runtime_iteration_begin");
+    if (rc < 0)
+        return rc;
+    rt->window_open = false;
+    rt->in_iteration = true;
+    rt->iter_diverged = false;
+    rt->next_kernel = 0;
+    rc = reap(rt, 0);
     if (rc > 0)
         rc = 0;
-    if (rt->stats.iterations == 0 && !rt->stats.diverged)
-        keep_first(&rc, place_initially(rt));
+    keep_first(&rc, place_at_begin(rt));
     rt->stats.iterations++;
     return rc;
+}
+
+int tio_runtime_iteration_end(tio_runtime *rt)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_iteration_end: runtime is NULL");
+    int rc = check_thread(rt, "tio_runtime_iteration_end");
+    if (rc < 0)
+        return rc;
+    if (!rt->in_iteration)
+        return tio_fail(-EINVAL, "runtime_iteration_end: no iteration was begun");
+    rt->window_open = false;
+    int first = 0;
+    if (!rt->iter_diverged && rt->next_kernel != rt->trace->n_kernels) {
+        char why[96];
+        snprintf(why, sizeof why, "the iteration ended after %u kernels, the trace has %u",
+                 rt->next_kernel, rt->trace->n_kernels);
+        keep_first(&first, diverge(rt, rt->next_kernel, why));
+    }
+    for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
+        rt_tensor *t = &rt->tensors[id];
+        if (!t->bound || rt->trace->tensors[id].global)
+            continue;
+        uint64_t waited_ns;
+        int r = make_resident(rt, id, IO_READ_DEMAND, &waited_ns);
+        keep_first(&first, r);
+        if (r >= 0)
+            keep_first(&first, unbind(rt, id));
+    }
+    rt->stats.resident_bytes -= rt->untracked_bytes;
+    rt->untracked_bytes = 0;
+    rt->in_iteration = false;
+    rt->iter_diverged = false;
+    return first;
+}
+
+int tio_runtime_account_untracked(tio_runtime *rt, int64_t delta_bytes)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_account_untracked: runtime is NULL");
+    int rc = check_thread(rt, "tio_runtime_account_untracked");
+    if (rc < 0)
+        return rc;
+    if (delta_bytes < 0) {
+        uint64_t drop = (uint64_t)0 - (uint64_t)delta_bytes;
+        if (drop > rt->untracked_bytes)
+            return tio_fail(-EINVAL,
+                            "runtime_account_untracked: removing %llu bytes, only %llu are "
+                            "accounted",
+                            (unsigned long long)drop, (unsigned long long)rt->untracked_bytes);
+        rt->untracked_bytes -= drop;
+        rt->stats.resident_bytes -= drop;
+        return 0;
+    }
+    rt->untracked_bytes += (uint64_t)delta_bytes;
+    resident_add(rt, (uint64_t)delta_bytes);
+    return 0;
 }
 
 int tio_runtime_fetch_all(tio_runtime *rt)
 {
     if (!rt)
         return tio_fail(-EINVAL, "runtime_fetch_all: runtime is NULL");
-    int first = 0;
+    int first = check_thread(rt, "tio_runtime_fetch_all");
+    if (first < 0)
+        return first;
     /* Submit every read first so they overlap, then wait for them all. */
     for (uint32_t id = 0; id < rt->trace->n_tensors; id++) {
         rt_tensor *t = &rt->tensors[id];
@@ -811,8 +1086,9 @@ static int validate_plan(const tio_plan *plan, const tio_trace *trace, const tio
 
 /* The SSD space the plan needs at once, at least: a tensor keeps its
  * 4 KiB-aligned extent from its first SSD offload on, a global tensor for
- * good, an intermediate one at least until its last use in the trace.
- * Returns 0 with the peak over the kernels in *out, or -ENOMEM. */
+ * good, an intermediate one until it dies (its free kernel, or its last use
+ * in the trace).  Returns 0 with the peak over the kernels in *out, or
+ * -ENOMEM. */
 static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uint64_t *out)
 {
     uint32_t nt = trace->n_tensors, nk = trace->n_kernels;
@@ -846,8 +1122,12 @@ static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uin
             held += bytes;
             continue;
         }
+        /* Held until the tensor dies: its free kernel where the trace has one. */
+        uint32_t end = (last[t] > first[t] ? last[t] : first[t]) + 1;
+        if (trace->tensors[t].free_kernel > end)
+            end = trace->tensors[t].free_kernel;
         delta[first[t]] += (int64_t)bytes;
-        delta[(last[t] > first[t] ? last[t] : first[t]) + 1] -= (int64_t)bytes;
+        delta[end] -= (int64_t)bytes;
     }
     int64_t now = 0;
     for (uint32_t k = 0; k < nk; k++) {
@@ -949,7 +1229,11 @@ int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine 
     }
     for (uint32_t id = 0; id < trace->n_tensors; id++)
         rt->tensors[id].bytes = trace->tensors[id].bytes;
+    rt->owner = pthread_self();
+    rt->stats.capacity_bytes = plan->capacity_bytes;
     rc = build_buckets(rt);
+    if (rc == 0)
+        rc = compute_initial_places(rt);
     if (rc < 0) {
         tio_runtime_destroy(rt);
         return rc;

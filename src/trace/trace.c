@@ -102,6 +102,7 @@ int tio_trace_add_tensor(tio_trace *trace, uint64_t bytes, tio_tensor_kind kind,
     t->kind = kind;
     t->global = global;
     t->name = copy;
+    t->free_kernel = 0;
     if (id)
         *id = t->id;
     trace->n_tensors++;
@@ -167,6 +168,42 @@ int tio_trace_add_access(tio_trace *trace, uint32_t tensor, uint8_t mode)
     trace->accesses[trace->n_accesses].mode = mode;
     trace->n_accesses++;
     kern->n_accesses++;
+    return 0;
+}
+
+int tio_trace_set_free_kernel(tio_trace *trace, uint32_t tensor, uint32_t kernel)
+{
+    if (!trace)
+        return tio_fail(-EINVAL, "tio_trace_set_free_kernel: trace is NULL");
+    if (tensor >= trace->n_tensors)
+        return tio_fail(TIO_EUNKNOWN, "free kernel of unknown tensor %u (%u tensors)", tensor,
+                        trace->n_tensors);
+    if (trace->tensors[tensor].global)
+        return tio_fail(-EINVAL, "tensor %u: a global tensor has no free kernel", tensor);
+    if (kernel == 0 || kernel > trace->n_kernels)
+        return tio_fail(-EINVAL, "tensor %u: free kernel %u outside [1, %u]", tensor, kernel,
+                        trace->n_kernels);
+    trace->tensors[tensor].free_kernel = kernel;
+    return 0;
+}
+
+/* Each free_kernel (when set) lies after its tensor's last access
+ * (`last[t]`) and at most at n_kernels, and only intermediates have one. */
+static int validate_free_kernels(const tio_trace *trace, const uint32_t *last)
+{
+    for (uint32_t i = 0; i < trace->n_tensors; i++) {
+        const tio_trace_tensor *t = &trace->tensors[i];
+        if (t->free_kernel == 0)
+            continue;
+        if (t->global)
+            return tio_fail(TIO_EPARSE, "tensor %u: a global tensor has free kernel %u", i,
+                            t->free_kernel);
+        if (t->free_kernel <= last[i] || t->free_kernel > trace->n_kernels)
+            return tio_fail(TIO_EPARSE,
+                            "tensor %u: free kernel %u is not in (%u, %u] (after its last "
+                            "access, at most the kernel count)",
+                            i, t->free_kernel, last[i], trace->n_kernels);
+    }
     return 0;
 }
 
@@ -247,6 +284,8 @@ int tio_trace_validate(const tio_trace *trace)
     for (uint32_t i = 0; !rc && i < trace->n_tensors; i++)
         if (seen[i] == UINT32_MAX)
             rc = tio_fail(TIO_EPARSE, "tensor %u is never accessed by any kernel", i);
+    if (!rc)
+        rc = validate_free_kernels(trace, seen);
     free(seen);
     return rc;
 }

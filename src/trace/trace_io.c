@@ -1,11 +1,16 @@
 /*
- * trace/trace_io.c — the trace file, "teraio-trace" version 1 (docs/formats.md).
+ * trace/trace_io.c — the trace file, "teraio-trace" versions 1 and 2
+ * (docs/formats.md).
  *
- *   teraio-trace 1
+ *   teraio-trace 2
  *   model llama3-8b batch 32 seq 2048
  *   counts <n_tensors> <n_kernels> <n_accesses>
  *   tensor <id> <bytes> <kind> <global|intermediate> [name]      (n_tensors lines)
  *   kernel <index> <duration_ns> <name> <r:|w:|rw:><tensor>...   (n_kernels lines)
+ *   free <tensor> <kernel>                                       (version 2, any number)
+ *
+ * Version 2 only adds the free records; the writer uses version 1 when a
+ * trace has none, so files without them stay readable by older builds.
  *
  * Why a hand-written scanner: a paper-scale trace has ~100k kernel lines and
  * ~1M access tokens, and the reader must load it in well under a second.
@@ -202,6 +207,7 @@ typedef struct {
     uint32_t *tensor_line; /* [n_tensors] line of each tensor record */
     uint32_t *last_kernel; /* [n_tensors] last kernel accessing it, UINT32_MAX: none */
     uint64_t total_bytes, total_ns;
+    uint32_t version;      /* of the file being read */
 } parser;
 
 static char *copy_token(const char *tok, size_t len)
@@ -227,10 +233,11 @@ static int parse_header(parser *p)
     int rc = need_uint(s, "version", UINT32_MAX, &version);
     if (rc)
         return rc;
-    if (version != TIO_TRACE_VERSION)
+    if (version < 1 || version > TIO_TRACE_VERSION)
         return fail_at(s, TIO_EVERSION, s->line, "version",
-                       "expected %d (the version this build reads), got '%llu'",
+                       "expected 1 to %d (the versions this build reads), got '%llu'",
                        TIO_TRACE_VERSION, (unsigned long long)version);
+    p->version = (uint32_t)version;
     return need_end_of_line(s, "header");
 }
 
@@ -371,7 +378,7 @@ static int parse_tensor(parser *p, uint32_t i)
             return tio_fail(-ENOMEM, "%s: out of memory", s->origin);
     }
     t->tensors[i] = (tio_trace_tensor){.id = i, .bytes = bytes, .kind = kind, .global = global,
-                                       .name = name};
+                                       .name = name, .free_kernel = 0};
     t->n_tensors = i + 1;
     p->tensor_line[i] = s->line;
     p->last_kernel[i] = UINT32_MAX;
@@ -459,15 +466,58 @@ static int parse_kernel(parser *p, uint32_t k)
     return 0;
 }
 
-/* After the last kernel: nothing but comments; counts and uses add up. */
+/* free <tensor> <kernel>, the current line's first token already read. */
+static int parse_free(parser *p)
+{
+    scanner *s = &p->s;
+    tio_trace *t = p->trace;
+    uint64_t id, kernel;
+    int rc = need_uint(s, "tensor", UINT32_MAX, &id);
+    if (rc)
+        return rc;
+    if (id >= p->n_tensors)
+        return fail_at(s, TIO_EPARSE, s->line, "tensor", "expected a tensor id below %u, got '%llu'",
+                       p->n_tensors, (unsigned long long)id);
+    if (t->tensors[id].global)
+        return fail_at(s, TIO_EPARSE, s->line, "tensor",
+                       "expected an intermediate tensor, tensor %llu is global",
+                       (unsigned long long)id);
+    if (t->tensors[id].free_kernel)
+        return fail_at(s, TIO_EPARSE, s->line, "tensor",
+                       "expected one free record per tensor, tensor %llu has two",
+                       (unsigned long long)id);
+    if ((rc = need_uint(s, "kernel", UINT32_MAX, &kernel)))
+        return rc;
+    uint32_t last = p->last_kernel[id];
+    if (last == UINT32_MAX)
+        return fail_at(s, TIO_EPARSE, p->tensor_line[id], "id",
+                       "tensor %llu is never accessed by any kernel", (unsigned long long)id);
+    if (kernel <= last || kernel > p->n_kernels)
+        return fail_at(s, TIO_EPARSE, s->line, "kernel",
+                       "expected a kernel in (%u, %u] (after the tensor's last access), got '%llu'",
+                       last, p->n_kernels, (unsigned long long)kernel);
+    t->tensors[id].free_kernel = (uint32_t)kernel;
+    return need_end_of_line(s, "free");
+}
+
+/* After the last kernel: free records (version 2) and comments; counts and
+ * uses add up. */
 static int parse_end(parser *p)
 {
     scanner *s = &p->s;
     const char *tok = NULL;
     size_t len = 0;
-    if (next_record(s)) {
+    while (next_record(s)) {
+        tok = NULL;
         next_token(s, &tok, &len);
-        return fail_got(s, TIO_EPARSE, "record", "end of file after the last kernel", tok, len);
+        if (p->version < 2 || !token_is(tok, len, "free"))
+            return fail_got(s, TIO_EPARSE, "record",
+                            p->version < 2 ? "end of file after the last kernel"
+                                           : "'free' or end of file after the last kernel",
+                            tok, len);
+        int rc = parse_free(p);
+        if (rc)
+            return rc;
     }
     if (p->trace->n_accesses != p->n_accesses)
         return fail_at(s, TIO_EPARSE, p->counts_line, "n_accesses",
@@ -571,7 +621,10 @@ static void put_u64(writer *w, uint64_t v)
 
 static void write_trace(writer *w, const tio_trace *t)
 {
-    put_str(w, TRACE_MAGIC " 1\n");
+    bool any_free = false;
+    for (uint32_t i = 0; i < t->n_tensors && !any_free; i++)
+        any_free = t->tensors[i].free_kernel != 0;
+    put_str(w, any_free ? TRACE_MAGIC " 2\n" : TRACE_MAGIC " 1\n");
     if (t->model) {
         put_str(w, "model ");
         put_str(w, t->model);
@@ -614,6 +667,17 @@ static void write_trace(writer *w, const tio_trace *t)
             put_str(w, mode_prefix[a[i].mode]);
             put_u64(w, a[i].tensor);
         }
+        put_str(w, "\n");
+    }
+    if (any_free)
+        put_str(w, "# free <tensor> <kernel>: freed before that kernel\n");
+    for (uint32_t i = 0; i < t->n_tensors; i++) {
+        if (!t->tensors[i].free_kernel)
+            continue;
+        put_str(w, "free ");
+        put_u64(w, i);
+        put_str(w, " ");
+        put_u64(w, t->tensors[i].free_kernel);
         put_str(w, "\n");
     }
     put_flush(w);

@@ -104,6 +104,33 @@ static void test_memory_curve(void **state)
     tio_trace_destroy(t);
 }
 
+/* A free kernel past the last access keeps the tensor's bytes in M[k]
+ * until the kernel before it: t3 (4096, last access 3) freed before kernel
+ * 5 adds 4096 to M4; t2 (last access 4) still held at the end (free kernel
+ * 6) adds 1048576 to M5.  Periods and active bytes do not change. */
+static void test_free_kernel_extends_memory(void **state)
+{
+    (void)state;
+    tio_trace *t = example_trace();
+    assert_int_equal(tio_trace_set_free_kernel(t, 3, 5), 0);
+    assert_int_equal(tio_trace_set_free_kernel(t, 2, 6), 0);
+    tio_lifetime *lt, *plain;
+    assert_int_equal(tio_lifetime_analyze(t, &lt), 0);
+    static const uint64_t memory[6] = {7340032, 7344128, 7344128, 7344128, 7344128, 7340032};
+    for (int k = 0; k < 6; k++)
+        assert_true(lt->memory_bytes[k] == memory[k]);
+    assert_true(lt->peak_bytes == 7344128);
+    t->tensors[2].free_kernel = t->tensors[3].free_kernel = 0;
+    assert_int_equal(tio_lifetime_analyze(t, &plain), 0);
+    assert_int_equal(lt->n_periods, plain->n_periods);
+    for (int k = 0; k < 6; k++)
+        assert_true(lt->active_bytes[k] == plain->active_bytes[k]);
+    assert_int_equal(lt->last_use[3], 3);
+    tio_lifetime_destroy(plain);
+    tio_lifetime_destroy(lt);
+    tio_trace_destroy(t);
+}
+
 static void test_inactive_periods(void **state)
 {
     (void)state;
@@ -255,6 +282,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_curve),
+        cmocka_unit_test(test_free_kernel_extends_memory),
         cmocka_unit_test(test_inactive_periods),
         cmocka_unit_test(test_stats),
         cmocka_unit_test(test_single_use_global),

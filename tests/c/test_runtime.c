@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <pthread.h>
 #include <cmocka.h>
 
 #include "engine/engine_test.h"
@@ -655,13 +656,174 @@ static void test_destroy_with_io_in_flight(void **state)
 static void test_bind_errors(void **state)
 {
     fixture *f = *state;
-    assert_int_equal(tio_runtime_tensor_bind(f->rt, 0, f->fw.mem[0], T0_BYTES + 1), -EINVAL);
-    assert_int_equal(tio_runtime_tensor_bind(f->rt, 3, f->fw.mem[0], T0_BYTES), TIO_EUNKNOWN);
-    assert_non_null(strstr(tio_last_error(), "tensor 3"));
+    assert_int_equal(tio_runtime_tensor_bind(f->rt, 0, NULL, T0_BYTES), -EINVAL);
     assert_int_equal(tio_runtime_ensure_resident(f->rt, 7, NULL), TIO_EUNKNOWN);
+    assert_non_null(strstr(tio_last_error(), "tensor 7"));
     assert_false(tio_runtime_is_resident(f->rt, 7));
     assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES);
-    assert_int_equal(stats_of(f).peak_resident_bytes, ALL_BYTES);
+    /* No kernel ran: the binds before it are not a kernel's memory. */
+    assert_int_equal(stats_of(f).peak_resident_bytes, 0);
+    assert_false(stats_of(f).diverged);
+}
+
+/* Issue 12 item 1 (batch sizes 4,4,4,4,3,...: a 3-row input bound as the
+ * trace's 4-row tensor was resized and overwritten).  A tensor of another
+ * size than the trace's, or one the trace lacks, is never bound: the
+ * iteration diverges, its planned migrations stop (T0 and T2 are not
+ * offloaded at kernel 1), and the next iteration runs the plan again. */
+static void test_bind_of_another_size_diverges(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 1);
+    void *other = malloc(T1_BYTES - 8);
+    assert_non_null(other);
+    assert_int_equal(tio_runtime_tensor_bind(f->rt, 1, other, T1_BYTES - 8), 1);
+    tio_runtime_stats s = stats_of(f);
+    assert_true(s.diverged);
+    assert_int_equal(s.diverged_iterations, 1);
+    assert_int_equal(s.diverged_kernel, 0);
+    assert_int_equal(s.resident_bytes, ALL_BYTES); /* T1 keeps its binding */
+    assert_int_equal(tio_runtime_tensor_bind(f->rt, 3, other, 64), 1); /* no tensor 3 */
+    run_kernels(f, 1, 6);
+    assert_int_equal(f->fw.n_release[0] + f->fw.n_release[2], 0);
+    assert_int_equal(stats_of(f).n_offloads, 0);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    assert_int_equal(stats_of(f).diverged_iterations, 1);
+    free(other);
+
+    /* The iteration_end unbound the intermediates; bound again, the plan runs. */
+    for (uint32_t t = 0; t < N_TENSORS; t++)
+        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 6);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    s = stats_of(f);
+    assert_int_equal(s.n_offloads, 2);
+    assert_int_equal(s.diverged_iterations, 1);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
+}
+
+/* Intermediate tensors still bound at iteration_end (the program keeps
+ * them: an input batch, the loss) are made resident and unbound, so the
+ * plan never moves them again.  An iteration that ends early diverged. */
+static void test_iteration_end_unbinds_intermediates(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 3); /* T0 (SSD) and T2 (host) are away now */
+    assert_int_equal(stats_of(f).resident_bytes, T1_BYTES);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.diverged_iterations, 1);
+    assert_int_equal(s.diverged_kernel, 3);
+    assert_int_equal(s.resident_bytes, 0);
+    for (uint32_t t = 0; t < N_TENSORS; t++) {
+        assert_false(tio_runtime_is_resident(f->rt, t));
+        assert_non_null(f->fw.mem[t]);
+        assert_true(has_pattern(f->fw.mem[t], tensor_bytes[t], t + 1));
+    }
+    assert_int_equal(tio_runtime_tensor_unbind(f->rt, 0), TIO_EUNKNOWN);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), -EINVAL);
+}
+
+/* Kernels over the plan's capacity are counted once each, with the largest
+ * excess; resident bytes per kernel are ALL, ALL, T1, ALL, ALL, ALL. */
+static void test_over_capacity_kernels_are_counted(void **state)
+{
+    fixture *f = *state;
+    f->plan.capacity_bytes = ALL_BYTES - 1;
+    tio_runtime_destroy(f->rt);
+    assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
+    for (uint32_t t = 0; t < N_TENSORS; t++)
+        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 6);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.over_capacity_kernels, 5);
+    assert_int_equal(s.over_capacity_bytes_max, 1);
+    assert_int_equal(s.capacity_bytes, ALL_BYTES - 1);
+    assert_int_equal(s.peak_resident_bytes, ALL_BYTES);
+    /* Untracked memory counts against the capacity at the kernel it is
+     * allocated in, and iteration_end forgets it. */
+    assert_int_equal(tio_runtime_account_untracked(f->rt, 100), 0);
+    s = stats_of(f);
+    assert_int_equal(s.over_capacity_kernels, 5); /* kernel 5 was counted already */
+    assert_int_equal(s.over_capacity_bytes_max, 101);
+    assert_int_equal(s.peak_resident_bytes, ALL_BYTES + 100);
+    assert_int_equal(tio_runtime_account_untracked(f->rt, -200), -EINVAL);
+    assert_int_equal(tio_runtime_account_untracked(f->rt, -40), 0);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES + 60);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    assert_int_equal(stats_of(f).resident_bytes, 0);
+}
+
+/* A kernel that diverges resumes the plan in the next iteration. */
+static void test_next_iteration_after_divergence_runs_the_plan(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 1);
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 1, "not mm1"), 1);
+    run_kernels(f, 2, 6);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    assert_int_equal(stats_of(f).n_offloads, 0);
+    for (uint32_t t = 0; t < N_TENSORS; t++)
+        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 6);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.n_offloads, 2);
+    assert_int_equal(s.n_prefetches, 2);
+    assert_int_equal(s.diverged_iterations, 1);
+    assert_int_equal(s.stalls, 0);
+}
+
+typedef struct {
+    tio_runtime *rt;
+    int rc[7];
+    char msg[256];
+} other_thread_calls;
+
+static void *call_from_other_thread(void *arg)
+{
+    other_thread_calls *c = arg;
+    void *mem = &c->rc;
+    c->rc[0] = tio_runtime_iteration_begin(c->rt);
+    c->rc[1] = tio_runtime_kernel_begin(c->rt, 0, "embed");
+    c->rc[2] = tio_runtime_ensure_resident(c->rt, 0, NULL);
+    c->rc[3] = tio_runtime_tensor_bind(c->rt, 1, mem, T1_BYTES);
+    c->rc[4] = tio_runtime_tensor_unbind(c->rt, 1);
+    c->rc[5] = tio_runtime_fetch_all(c->rt);
+    c->rc[6] = tio_runtime_iteration_end(c->rt);
+    snprintf(c->msg, sizeof c->msg, "%s", tio_last_error());
+    return NULL;
+}
+
+/* Issue 12 item 9: the runtime used from a second thread (fetch_all
+ * deadlocked; a release freed memory under a reader).  Every call from a
+ * thread other than the creator's is refused with -EPERM and changes
+ * nothing. */
+static void test_calls_from_another_thread_are_refused(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 3);
+    other_thread_calls c = {.rt = f->rt};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, call_from_other_thread, &c), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(c.rc[i], -EPERM);
+    assert_non_null(strstr(c.msg, "another thread"));
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.iterations, 1);
+    assert_int_equal(s.resident_bytes, T1_BYTES);
+    assert_int_equal(f->fw.n_allocate[0], 0);
+    run_kernels(f, 3, 6);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    assert_true(has_pattern(f->fw.mem[0], T0_BYTES, 1));
 }
 
 static int create_with(tio_migration m, tio_engine *engine)
@@ -722,8 +884,9 @@ static tio_migration g_migration(tio_migration_kind kind, uint32_t trigger, uint
                            .deadline_kernel = deadline, .tier = TIO_TIER_SSD, .bytes = G_BYTES};
 }
 
-/* Trace and plan only (a test may check the plan before the runtime). */
-static void one_global_plan(one_global *o, const char *const *names, uint32_t n, uint32_t use,
+/* Trace and plan only (a test may check the plan before the runtime); G is
+ * used by the kernels whose bits are set in `uses`. */
+static void one_global_plan(one_global *o, const char *const *names, uint32_t n, uint32_t uses,
                             tio_migration prefetch, tio_migration offload)
 {
     memset(o, 0, sizeof *o);
@@ -733,7 +896,7 @@ static void one_global_plan(one_global *o, const char *const *names, uint32_t n,
     assert_int_equal(g, 0);
     for (uint32_t k = 0; k < n; k++) {
         assert_int_equal(tio_trace_add_kernel(o->tr, names[k], 1000), 0);
-        if (k == use)
+        if (uses >> k & 1)
             assert_int_equal(tio_trace_add_access(o->tr, g, TIO_ACCESS_READ), 0);
     }
     o->m[0] = prefetch;
@@ -784,7 +947,7 @@ static void test_wrap_around_period(void **state)
     (void)state;
     static const char *const names[4] = {"a", "b", "use_g", "d"};
     one_global o;
-    one_global_plan(&o, names, 4, 2, g_migration(TIO_MIGRATION_PREFETCH, 1, 2),
+    one_global_plan(&o, names, 4, 1u << 2, g_migration(TIO_MIGRATION_PREFETCH, 1, 2),
                     g_migration(TIO_MIGRATION_OFFLOAD, 3, 0));
     one_global_start(&o, 42);
     for (int it = 0; it < 3; it++) {
@@ -828,7 +991,7 @@ static void test_first_iteration_starts_from_steady_state(void **state)
     (void)state;
     static const char *const names[6] = {"a", "use_g", "c", "d", "e", "f"};
     one_global o;
-    one_global_plan(&o, names, 6, 1, g_migration(TIO_MIGRATION_PREFETCH, 0, 1),
+    one_global_plan(&o, names, 6, 1u << 1, g_migration(TIO_MIGRATION_PREFETCH, 0, 1),
                     g_migration(TIO_MIGRATION_OFFLOAD, 2, 4));
     one_global_start(&o, 7);
     tio_runtime_stats s;
@@ -871,7 +1034,7 @@ static void test_same_kernel_trigger_and_deadline(void **state)
     (void)state;
     static const char *const names[6] = {"a", "use_g", "c", "d", "e", "f"};
     one_global o;
-    one_global_plan(&o, names, 6, 1, g_migration(TIO_MIGRATION_PREFETCH, 1, 1),
+    one_global_plan(&o, names, 6, 1u << 1, g_migration(TIO_MIGRATION_PREFETCH, 1, 1),
                     g_migration(TIO_MIGRATION_OFFLOAD, 3, 3));
     assert_int_equal(tio_plan_check(&o.plan, o.tr, NULL), 0);
     static const uint64_t want[6] = {0, G_BYTES, G_BYTES, 0, 0, 0}; /* G away over [3, 7) */
@@ -899,6 +1062,88 @@ static void test_same_kernel_trigger_and_deadline(void **state)
     assert_int_equal(o.fw.n_allocate[0], 2);
     assert_int_equal(s.stalls, 0);
     assert_int_equal(tio_runtime_fetch_all(o.rt), 0);
+    one_global_finish(&o);
+}
+
+/* Issue 12 item 3 (a plain step between two iterations read optimizer
+ * state released across the boundary).  G is away at kernel 0 of the plan
+ * of test_first_iteration_starts_from_steady_state; a use between
+ * iterations fetches it (counted in fetches_outside, not as a stall), and
+ * the next iteration_begin writes it out again, so kernel 0 starts where
+ * the plan does. */
+static void test_use_between_iterations_is_fetched_then_placed_again(void **state)
+{
+    (void)state;
+    static const char *const names[6] = {"a", "use_g", "c", "d", "e", "f"};
+    one_global o;
+    one_global_plan(&o, names, 6, 1u << 1, g_migration(TIO_MIGRATION_PREFETCH, 0, 1),
+                    g_migration(TIO_MIGRATION_OFFLOAD, 2, 4));
+    one_global_start(&o, 11);
+    tio_runtime_stats s;
+    for (int it = 0; it < 2; it++) {
+        assert_int_equal(tio_runtime_iteration_begin(o.rt), 0);
+        tio_runtime_get_stats(o.rt, &s);
+        assert_int_equal(s.resident_bytes, 0);
+        for (uint32_t k = 0; k < 6; k++)
+            assert_int_equal(tio_runtime_kernel_begin(o.rt, k, names[k]), 0);
+        assert_int_equal(tio_runtime_iteration_end(o.rt), 0);
+        assert_false(tio_runtime_is_resident(o.rt, 0));
+        void *addr = NULL;
+        assert_int_equal(tio_runtime_ensure_resident(o.rt, 0, &addr), 1);
+        assert_true(has_pattern(addr, G_BYTES, it ? 12 : 11));
+        fill_pattern(addr, G_BYTES, 12 + it); /* a plain step changes it */
+    }
+    tio_runtime_get_stats(o.rt, &s);
+    assert_int_equal(s.fetches_outside, 2);
+    assert_int_equal(s.bytes_fetched_outside, 2ull * G_BYTES);
+    assert_int_equal(s.stalls, 0);
+    assert_int_equal(s.bytes_fetched_urgent, 0);
+    assert_int_equal(s.n_offloads, 4); /* before each iteration, at kernel 2 of each */
+    assert_int_equal(s.peak_resident_bytes, G_BYTES);
+    assert_int_equal(tio_runtime_iteration_begin(o.rt), 0);
+    assert_int_equal(tio_runtime_kernel_begin(o.rt, 0, names[0]), 0);
+    assert_int_equal(tio_runtime_kernel_begin(o.rt, 1, names[1]), 0);
+    void *addr = NULL;
+    assert_int_equal(tio_runtime_ensure_resident(o.rt, 0, &addr), 0);
+    assert_true(has_pattern(addr, G_BYTES, 13)); /* the change made between iterations */
+    assert_int_equal(tio_runtime_fetch_all(o.rt), 0);
+    one_global_finish(&o);
+}
+
+/* G is used at kernels 0 and 4 of 6 and away over 2..3 (offload 1->2,
+ * prefetch 3->4), resident at kernel 0.  An iteration that diverges at
+ * kernel 3 leaves it offloaded (nothing used it after); the next
+ * iteration_begin starts reading it back, so kernel 0 finds it resident. */
+static void test_begin_reads_back_what_a_diverged_iteration_left_away(void **state)
+{
+    (void)state;
+    static const char *const names[6] = {"use_g", "b", "c", "d", "use_g2", "f"};
+    one_global o;
+    one_global_plan(&o, names, 6, 1u << 0 | 1u << 4, g_migration(TIO_MIGRATION_PREFETCH, 3, 4),
+                    g_migration(TIO_MIGRATION_OFFLOAD, 1, 2));
+    one_global_start(&o, 21);
+    assert_int_equal(tio_runtime_iteration_begin(o.rt), 0);
+    for (uint32_t k = 0; k < 3; k++)
+        assert_int_equal(tio_runtime_kernel_begin(o.rt, k, names[k]), 0);
+    assert_int_equal(tio_runtime_kernel_begin(o.rt, 3, "eval"), 1);
+    assert_int_equal(tio_runtime_iteration_end(o.rt), 0);
+    assert_false(tio_runtime_is_resident(o.rt, 0));
+    assert_int_equal(tio_runtime_iteration_begin(o.rt), 0);
+    assert_int_equal(tio_runtime_kernel_begin(o.rt, 0, names[0]), 0);
+    void *addr = NULL;
+    int rc = tio_runtime_ensure_resident(o.rt, 0, &addr);
+    assert_true(rc == 0 || rc == 1); /* the read may still be in flight */
+    assert_true(has_pattern(addr, G_BYTES, 21));
+    for (uint32_t k = 1; k < 6; k++)
+        assert_int_equal(tio_runtime_kernel_begin(o.rt, k, names[k]), 0);
+    assert_int_equal(tio_runtime_iteration_end(o.rt), 0);
+    tio_runtime_stats s;
+    tio_runtime_get_stats(o.rt, &s);
+    assert_int_equal(s.bytes_fetched_urgent, G_BYTES);
+    assert_int_equal(s.n_offloads, 2);
+    assert_int_equal(s.n_prefetches, 1);
+    assert_int_equal(s.diverged_iterations, 1);
+    assert_true(tio_runtime_is_resident(o.rt, 0));
     one_global_finish(&o);
 }
 
@@ -969,6 +1214,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_divergence_on_kernel_out_of_range, setup_psync,
                                         fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bind_errors, setup_psync, fixture_teardown),
+        BOTH_BACKENDS(test_bind_of_another_size_diverges),
+        BOTH_BACKENDS(test_iteration_end_unbinds_intermediates),
+        cmocka_unit_test_setup_teardown(test_over_capacity_kernels_are_counted, setup_psync,
+                                        fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_next_iteration_after_divergence_runs_the_plan,
+                                        setup_psync, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_calls_from_another_thread_are_refused, setup_psync,
+                                        fixture_teardown),
         cmocka_unit_test_setup_teardown(test_host_tier_without_engine, setup_host_only,
                                         fixture_teardown),
         cmocka_unit_test_setup_teardown(test_no_space_keeps_resident, setup_small_engine,
@@ -983,6 +1236,8 @@ int main(void)
         cmocka_unit_test(test_partial_staging_rejected),
         cmocka_unit_test(test_first_iteration_starts_from_steady_state),
         cmocka_unit_test(test_same_kernel_trigger_and_deadline),
+        cmocka_unit_test(test_use_between_iterations_is_fetched_then_placed_again),
+        cmocka_unit_test(test_begin_reads_back_what_a_diverged_iteration_left_away),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /*
- * tests/c/test_trace.c — the trace builder and the "teraio-trace 1" file.
+ * tests/c/test_trace.c — the trace builder and the "teraio-trace" file.
  *
  * Proves: the builder merges a kernel's repeated access to one tensor and
  * refuses what the file could not hold; a trace saved and loaded back is
@@ -227,6 +227,88 @@ static void test_round_trip(void **state)
     tio_trace_destroy(t);
 }
 
+/* The example as version 2 with `free` records appended (each a line). */
+static char *example_with_free(const char *records)
+{
+    char *base = example_edit(1, "teraio-trace 2\n", N_LINES);
+    char *out = malloc(strlen(base) + strlen(records) + 1);
+    assert_non_null(out);
+    strcpy(out, base);
+    strcat(out, records);
+    free(base);
+    return out;
+}
+
+/* Version 2's free records: the kernel before which an intermediate tensor
+ * was freed (the program held it past its last access).  They load, round
+ * trip (saved as version 2; a trace without them is saved as version 1),
+ * and every malformed one is refused with its line. */
+static void test_free_records(void **state)
+{
+    (void)state;
+    char *text = example_with_free("# held by Python past its last use\nfree 3 5\nfree 2 6\n");
+    tio_trace *t, *back;
+    assert_int_equal(parse_text(text, &t), 0);
+    free(text);
+    assert_int_equal(t->tensors[3].free_kernel, 5);
+    assert_int_equal(t->tensors[2].free_kernel, 6);
+    assert_int_equal(t->tensors[0].free_kernel, 0);
+    const char *path = tmp_path("free.tio");
+    assert_int_equal(tio_trace_save(t, path), 0);
+    assert_int_equal(tio_trace_load(path, &back), 0);
+    for (uint32_t i = 0; i < 4; i++)
+        assert_int_equal(back->tensors[i].free_kernel, t->tensors[i].free_kernel);
+    char head[32] = {0};
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(head, sizeof head, f));
+    fclose(f);
+    assert_string_equal(head, "teraio-trace 2\n");
+    tio_trace_destroy(back);
+
+    assert_int_equal(tio_trace_set_free_kernel(t, 0, 6), -EINVAL); /* global */
+    assert_int_equal(tio_trace_set_free_kernel(t, 3, 7), -EINVAL);
+    assert_int_equal(tio_trace_set_free_kernel(t, 3, 0), -EINVAL);
+    assert_int_equal(tio_trace_set_free_kernel(t, 4, 3), TIO_EUNKNOWN);
+    assert_int_equal(tio_trace_set_free_kernel(t, 3, 3), 0); /* last access is 3 */
+    assert_int_equal(tio_trace_validate(t), TIO_EPARSE);
+    assert_string_equal(tio_last_error(), "tensor 3: free kernel 3 is not in (3, 6] (after its "
+                                          "last access, at most the kernel count)");
+    t->tensors[3].free_kernel = 0;
+    t->tensors[2].free_kernel = 0;
+    assert_int_equal(tio_trace_save(t, path), 0);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(head, sizeof head, f));
+    fclose(f);
+    assert_string_equal(head, "teraio-trace 1\n");
+    tio_trace_destroy(t);
+
+    expect_error(example_edit(16, "kernel 5 600 aten::_fused_adam rw:0 rw:1\nfree 3 5\n",
+                              N_LINES),
+                 TIO_EPARSE,
+                 "t.tio:17: field 'record': expected end of file after the last kernel, got "
+                 "'free'");
+    expect_error(example_with_free("free 0 6\n"), TIO_EPARSE,
+                 "t.tio:17: field 'tensor': expected an intermediate tensor, tensor 0 is global");
+    expect_error(example_with_free("free 4 6\n"), TIO_EPARSE,
+                 "t.tio:17: field 'tensor': expected a tensor id below 4, got '4'");
+    expect_error(example_with_free("free 3 3\n"), TIO_EPARSE,
+                 "t.tio:17: field 'kernel': expected a kernel in (3, 6] (after the tensor's last "
+                 "access), got '3'");
+    expect_error(example_with_free("free 3 7\n"), TIO_EPARSE,
+                 "t.tio:17: field 'kernel': expected a kernel in (3, 6] (after the tensor's last "
+                 "access), got '7'");
+    expect_error(example_with_free("free 3 5\nfree 3 6\n"), TIO_EPARSE,
+                 "t.tio:18: field 'tensor': expected one free record per tensor, tensor 3 has "
+                 "two");
+    expect_error(example_with_free("free 3 5 9\n"), TIO_EPARSE,
+                 "t.tio:17: field 'free': expected end of line, got '9'");
+    expect_error(example_with_free("kernel 6 1 x\n"), TIO_EPARSE,
+                 "t.tio:17: field 'record': expected 'free' or end of file after the last "
+                 "kernel, got 'kernel'");
+}
+
 /* A trace the size of a small real model, built at random, survives the round trip. */
 static void test_round_trip_large(void **state)
 {
@@ -329,8 +411,9 @@ static void test_parse_errors(void **state)
                  "activation, temporary, got 'weights'");
     expect_error(example_edit(8, "tensor 2 1048576 activation local\n", N_LINES), TIO_EPARSE,
                  "t.tio:8: field 'scope': expected 'global' or 'intermediate', got 'local'");
-    expect_error(example_edit(1, "teraio-trace 2\n", N_LINES), TIO_EVERSION,
-                 "t.tio:1: field 'version': expected 1 (the version this build reads), got '2'");
+    expect_error(example_edit(1, "teraio-trace 3\n", N_LINES), TIO_EVERSION,
+                 "t.tio:1: field 'version': expected 1 to 2 (the versions this build reads), "
+                 "got '3'");
     expect_error(example_edit(1, "teraio-trace one\n", N_LINES), TIO_EPARSE,
                  "t.tio:1: field 'version': expected an unsigned integer, got 'one'");
     expect_error(example_edit(1, "teraio-plan 1\n", N_LINES), TIO_EPARSE,
@@ -528,6 +611,7 @@ int main(void)
         cmocka_unit_test(test_builder_merges_and_refuses),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_round_trip_large),
+        cmocka_unit_test(test_free_records),
         cmocka_unit_test(test_example_parses),
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_load_errors),

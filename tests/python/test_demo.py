@@ -90,3 +90,34 @@ def test_capacity_below_a_kernel_need_is_one_line(tmp_path):
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0
     assert "below kernel" in r.stderr
+
+
+TINY = ["--dim", "64", "--layers", "1", "--heads", "4", "--ffn-dim", "128", "--seq-len", "32", "--batch", "2",
+        "--iterations", "4", "--validate-iterations", "0"]
+
+
+def test_capacity_sweep(tmp_path):
+    """--sweep: every share of the peak from 0.9 down runs under its plan,
+    or is skipped because it lies below the working-set floor.  Each run
+    keeps the losses bit for bit, measures exactly the planned peak, stays
+    within the capacity where the plan fits, and the exit code says whether
+    every plan fitted."""
+    out = tmp_path / "sweep"
+    r = run_demo("--out", str(out), *TINY, "--sweep", "--sweep-iterations", "1")
+    s = json.loads((out / "sweep.json").read_text())
+    rows = s["rows"]
+    assert [row["share"] for row in rows] == [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+    ran = [row for row in rows if "skipped" not in row]
+    assert ran and all(row["capacity_bytes"] >= s["floor_bytes"] for row in ran)
+    assert all(row["capacity_bytes"] < s["floor_bytes"] for row in rows if "skipped" in row)
+    for row in ran:
+        assert row["losses_identical"], row
+        assert row["peak_resident_bytes"] == row["planned_peak_bytes"], row
+        assert row["diverged_iterations"] == 0
+        if row["fits"]:
+            assert row["peak_resident_bytes"] <= row["capacity_bytes"] and row["over_capacity_kernels"] == 0
+    assert r.returncode == (0 if all(row["fits"] for row in ran) else 1), r.stderr
+    table = (out / "sweep.md").read_text()
+    assert table.count("\n") == 2 + len(rows) and "| True |" in table
+    svg = (out / "sweep.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<circle") >= len(ran)

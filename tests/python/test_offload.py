@@ -11,12 +11,13 @@ from teraio.torch import OffloadRuntime, Profiler
 from conftest import TinyJob
 
 
-def profiled_runtime(job, ssd_dir, fraction=0.5, staging=None):
-    prof = Profiler(job.model, job.opt)
+def profiled_runtime(job, ssd_dir, fraction=0.5, staging=None, kernel_time=None):
+    prof = Profiler(job.model, job.opt, kernel_time=kernel_time)
     losses = []
     for i in range(2):
         with prof.iteration():
-            losses.append(job.step(i).item())
+            loss = job.step(i)
+        losses.append(loss.item())
     trace = prof.trace()
     lt = Lifetime(trace)
     capacity = int(lt.peak_bytes * fraction)
@@ -142,3 +143,211 @@ def test_cuda_model_offloads_through_pinned_staging(ssd_dir, monkeypatch):
     losses, stats = _train_with_runtime(job, ssd_dir, None, len(job.batches))
     assert losses == ref_losses
     assert stats["bytes_offloaded"] > 0
+
+
+# ---- issue 12 item 1: tensor sizes that change between iterations --------------
+
+class SmallNet(torch.nn.Module):
+    """Embedding -> Linear -> Linear -> head, the model of the issue."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(256, 64)
+        self.l1 = torch.nn.Linear(64, 128)
+        self.l2 = torch.nn.Linear(128, 64)
+        self.head = torch.nn.Linear(64, 256)
+
+    def forward(self, x, y):
+        h = self.head(torch.relu(self.l2(torch.relu(self.l1(self.emb(x))))))
+        return torch.nn.functional.cross_entropy(h.flatten(0, 1), y.flatten())
+
+
+def _small_job(seed=0):
+    torch.manual_seed(seed)
+    model = SmallNet()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+
+
+def _small_step(model, opt, b):
+    opt.zero_grad(set_to_none=False)
+    loss = model(b[:, :-1], b[:, 1:])
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _small_plain(batches):
+    model, opt = _small_job()
+    return [_small_step(model, opt, b).item() for b in batches], model, opt
+
+
+def _small_offloaded(batches, ssd_dir, fraction):
+    """Profile the first two batches with fixed kernel times (so the plan
+    does not depend on this machine's timing), plan at `fraction` of the
+    peak and train on the rest under the runtime."""
+    model, opt = _small_job()
+    prof = Profiler(model, opt, kernel_time=lambda *a: 1000)
+    losses = []
+    for b in batches[:2]:
+        with prof.iteration():
+            loss = _small_step(model, opt, b)
+        losses.append(loss.item())
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    plan = Plan.build(trace, lt, int(lt.peak_bytes * fraction), ssd_read_gbps=1.0, ssd_write_gbps=1.0)
+    engine = Engine([ssd_dir], space_bytes=2 * lt.peak_bytes + (16 << 20))
+    rt = OffloadRuntime(model, opt, trace, plan, engine)
+    for b in batches[2:]:
+        with rt.iteration():
+            loss = _small_step(model, opt, b)
+        losses.append(loss.item())
+    stats = rt.stats()
+    rt.close()
+    return losses, model, opt, stats, plan
+
+
+def _assert_same_training(plain, offloaded):
+    (la, ma, oa), (lb, mb, ob) = plain, offloaded
+    assert la == lb  # bit for bit
+    for p, q in zip(ma.parameters(), mb.parameters()):
+        assert torch.equal(p, q)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(oa.state[p][key], ob.state[q][key])
+
+
+def _batches(sizes, seq=33, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (b, seq), generator=g) for b in sizes]
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.4])
+def test_batch_sizes_changing_between_iterations_never_corrupt_training(ssd_dir, fraction):
+    """Batch sizes 4,4,4,4,3,4,4,4 with the batches kept in a list: the batch
+    of 3 used to be bound as the trace's 4-row input, so the user's tensor
+    was resized to 1056 bytes and overwritten, and losses differed from
+    iteration 5 with diverged=False.  Now the 3-row iteration diverges (the
+    input's size differs from the trace), nothing the program owns is moved,
+    and the next iteration runs the plan again."""
+    batches = _batches([4, 4, 4, 4, 3, 4, 4, 4])
+    kept = [b.clone() for b in batches]
+    plain = _small_plain(batches)
+    losses, model, opt, stats, plan = _small_offloaded(batches, ssd_dir, fraction)
+    _assert_same_training(plain, (losses, model, opt))
+    for b, c in zip(batches, kept):
+        assert b.untyped_storage().nbytes() == c.untyped_storage().nbytes()
+        assert torch.equal(b, c)
+    assert plan.n_migrations > 0 and stats["bytes_offloaded"] > 0
+    assert stats["diverged_iterations"] == 1  # only the batch of 3
+
+
+def test_last_smaller_batch_of_a_dataloader(ssd_dir):
+    """A DataLoader with drop_last=False: each epoch ends with a batch of 2."""
+    data = torch.randint(0, 256, (18, 33), generator=torch.Generator().manual_seed(3))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=False, drop_last=False)
+    batches = [b for _ in range(2) for b in loader]
+    assert [len(b) for b in batches] == [4, 4, 4, 4, 2] * 2
+    plain = _small_plain(batches)
+    losses, model, opt, stats, _ = _small_offloaded(batches, ssd_dir, 0.4)
+    _assert_same_training(plain, (losses, model, opt))
+    assert stats["diverged_iterations"] == 2
+    assert stats["bytes_offloaded"] > 0
+
+
+def test_alternating_sequence_lengths(ssd_dir):
+    """Sequence lengths alternating 32/16 (plus one target token): every
+    iteration of the other length diverges and runs on demand."""
+    batches = [b for pair in zip(_batches([4] * 4, seq=33), _batches([4] * 4, seq=17, seed=2))
+               for b in pair]
+    plain = _small_plain(batches)
+    losses, model, opt, stats, _ = _small_offloaded(batches, ssd_dir, 0.4)
+    _assert_same_training(plain, (losses, model, opt))
+    assert stats["diverged_iterations"] == 3  # iterations 3, 5, 7 (seq 16)
+
+
+# ---- issue 12 item 3: model and optimizer used between iterations --------------
+
+def _released_globals(rt):
+    return [i for i in rt._released if i < rt._ids.n_global]
+
+
+def test_plain_step_between_iterations_fetches_what_it_uses(ssd_dir):
+    """A plain training step run between two rt.iteration() blocks used to
+    crash in _single_tensor_adam: the optimizer state the plan keeps on SSD
+    across the iteration boundary was a 0-byte storage there.  Operators
+    between iterations now fetch what they read (fetches_outside), and the
+    next iteration puts the tensors back where the plan has them."""
+    ref = TinyJob()
+    ref_losses = [ref.step(i).item() for i in range(len(ref.batches))]
+    job = TinyJob()
+    rt, plan, lt, losses, _engine = profiled_runtime(job, ssd_dir, kernel_time=lambda *a: 1000)
+    with rt.iteration():
+        loss = job.step(2)
+    losses.append(loss.item())
+    assert _released_globals(rt), "the plan should keep some global tensor away between iterations"
+    losses.append(job.step(3).item())  # plain step, no iteration
+    for i in range(4, len(job.batches)):
+        with rt.iteration():
+            loss = job.step(i)
+        losses.append(loss.item())
+    stats = rt.stats()
+    rt.close()
+    assert losses == ref_losses
+    for p, q in zip(job.model.parameters(), ref.model.parameters()):
+        assert torch.equal(p, q)
+    assert stats["fetches_outside"] > 0 and stats["bytes_fetched_outside"] > 0
+    assert stats["diverged_iterations"] == 0
+
+
+def test_checkpoint_while_offloaded_holds_the_true_values(ssd_dir, tmp_path):
+    """torch.save(optimizer.state_dict()) without fetch_all() used to write a
+    truncated checkpoint (840 KB instead of 1.4 MB) that torch.load refused.
+    state_dict() now fetches first: the saved values equal the plain run's,
+    and a parameter norm read between iterations is the true one."""
+    ref = TinyJob()
+    for i in range(3):
+        ref.step(i)
+    job = TinyJob()
+    rt, _, _, _, _engine = profiled_runtime(job, ssd_dir, kernel_time=lambda *a: 1000)
+    with rt.iteration():
+        job.step(2)
+    assert _released_globals(rt)
+    norms = [p.norm().item() for p in job.model.parameters()]
+    assert norms == [p.norm().item() for p in ref.model.parameters()]
+    torch.save({"model": job.model.state_dict(), "opt": job.opt.state_dict()}, tmp_path / "ck.pt")
+    rt.close()
+    ck = torch.load(tmp_path / "ck.pt")
+    want = {"model": ref.model.state_dict(), "opt": ref.opt.state_dict()}
+    assert ck["model"].keys() == want["model"].keys()
+    for k, v in want["model"].items():
+        assert torch.equal(ck["model"][k], v), k
+    for p, state in want["opt"]["state"].items():
+        for k, v in state.items():
+            assert torch.equal(ck["opt"]["state"][p][k], v), (p, k)
+
+
+def test_runtime_used_from_another_thread_is_refused(ssd_dir):
+    """Issue 12 item 9: fetch_all() from a second thread deadlocked, and a
+    parameter read there could be freed under it.  Every call from another
+    thread raises a clear error and changes nothing."""
+    import threading
+    job = TinyJob()
+    rt, _, _, _, _engine = profiled_runtime(job, ssd_dir, kernel_time=lambda *a: 1000)
+    with rt.iteration():
+        job.step(2)
+    errors = []
+
+    def other():
+        for call in (rt.fetch_all, rt.stats, rt.close, lambda: rt.iteration().__enter__()):
+            try:
+                call()
+            except RuntimeError as e:
+                errors.append(str(e))
+
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert len(errors) == 4 and all("another thread" in e for e in errors), errors
+    assert _released_globals(rt)  # nothing was fetched
+    with rt.iteration():
+        job.step(3)
+    rt.close()

@@ -68,3 +68,40 @@ def test_trace_load_error_names_line(tmp_path):
         assert "bad.tio:2" in str(e)
     else:
         raise AssertionError("garbled trace was accepted")
+
+
+def test_free_kernel_records_when_a_tensor_is_really_freed(tmp_path):
+    """Issue 13 item 1: the trace took every intermediate tensor as freed
+    right after its last access, while a Python variable (or autograd, or
+    the caller) held it longer, so the runtime measured more than planned.
+    The profiler now records the kernel before which each storage died, and
+    M[k] counts it until then."""
+    w = torch.nn.Parameter(torch.ones(256))
+    prof = Profiler(torch.nn.ParameterList([w]))
+
+    def body():
+        held = w * 2          # kernel 0; last used by kernel 1
+        out = held + 1        # kernel 1; last used by kernel 2, freed after kernel 3
+        first = out * 1.5     # kernel 2; last used by kernel 3, the caller keeps it
+        out = first * 1.5     # kernel 3
+        out = out * 1.5       # kernel 4
+        del held              # freed before kernel 5
+        out = out - 1         # kernel 5
+        return first, out.sum()  # kernel 6
+
+    with prof.iteration():
+        kept = body()
+    trace = prof.save(str(tmp_path / "t.tio"))
+    assert trace.n_kernels == 7
+    frees = sorted(trace.tensor_free_kernel(i) for i in range(trace.n_tensors))
+    assert [f for f in frees if f] == [4, 5, 7]  # kernel 1's output, `held`, `first`
+    assert all(trace.tensor_bytes(i) == 1024 for i in range(trace.n_tensors) if trace.tensor_free_kernel(i))
+    # At kernel 4: w, `held`, `first`, kernel 3's and kernel 4's outputs,
+    # 1 KiB each; taken as freed at their last access, `held` and `first`
+    # would be missing.
+    assert Lifetime(trace).memory_curve()[4] == 5 * 1024
+    loaded = Trace.load(str(tmp_path / "t.tio"))
+    assert [loaded.tensor_free_kernel(i) for i in range(loaded.n_tensors)] == \
+        [trace.tensor_free_kernel(i) for i in range(trace.n_tensors)]
+    assert (tmp_path / "t.tio").read_text().startswith("teraio-trace 2\n")
+    del kept

@@ -1,9 +1,12 @@
-"""teraio.torch — the PyTorch adapter: profile an iteration, run with a plan.
+"""teraio.torch — the PyTorch adapter.
 
+* :func:`offload` — the one call: profiles, plans, runs and re-plans
+  (teraio.torch.session).
 * :class:`Profiler` records an iteration's kernels and tensors as a trace.
 * :class:`OffloadRuntime` executes an offload plan while training runs.
 """
 from .offload import OffloadRuntime
 from .profiler import Profiler
+from .session import Offload, offload
 
-__all__ = ["Profiler", "OffloadRuntime"]
+__all__ = ["offload", "Offload", "Profiler", "OffloadRuntime"]

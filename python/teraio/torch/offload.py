@@ -14,24 +14,54 @@ autograd's saved activations all keep pointing at the same storage object, so
 they see the restored bytes.  Before an operator runs, any input whose storage
 is released is fetched urgently (``tio_runtime_ensure_resident``: a stall).
 
-If the operator sequence leaves the profiled one, the C runtime says so once
-(log warning) and stops planned migrations; tensors already offloaded are
-fetched on demand, so results stay correct.
+What is bound to a trace id, and when:
+
+* global tensors (parameters, buffers, gradients, optimizer state) by name,
+  at creation and again at every iteration start, so a storage the program
+  replaced (``optimizer.load_state_dict``, a re-created gradient) is bound
+  in place of the dead one;
+* every other storage when an operator of the iteration first uses or makes
+  it, with the next intermediate id.  The C runtime refuses a tensor whose
+  id or size differs from the trace (a smaller last batch, another sequence
+  length): it is never moved, and the iteration is counted as diverged;
+* nothing intermediate survives the iteration: ``tio_runtime_iteration_end``
+  makes every one still alive resident and unbinds it (the user's input
+  batch, the loss).
+
+If the operator sequence leaves the profiled one, the C runtime says so
+(log) and stops planned migrations for that iteration; tensors already
+offloaded are fetched on demand, and storages made after that point are
+counted against the capacity without being moved, so results stay correct
+and the memory is still measured.
+
+Between iterations (safe mode, the default) a second dispatch mode stays on
+the mode stack: any operator touching an offloaded tensor fetches it first
+(counted in ``fetches_outside``), and ``state_dict()`` of the model and the
+optimizer fetch everything first, so user code never sees a released
+(0-byte) storage through PyTorch.  The next iteration puts the tensors back
+where the plan has them.  Reading memory without an operator
+(``tensor.data.numpy()``, ``data_ptr()``, pickling a whole module) needs
+``fetch_all()`` first.
+
+A runtime is driven from the thread that created it; calls from any other
+thread raise (the C runtime refuses them too).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import logging
-import time
+import threading
+import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode,
+                                          _pop_mode, _push_mode)
 
 from .. import _lib as L
 from ..core import Engine, Plan, Trace
 from ._ids import StorageIds, global_tensors, iter_tensors
-from .profiler import kernel_name
+from .profiler import kernel_name, sequence_fingerprint
 
 log = logging.getLogger("teraio")
 
@@ -46,6 +76,8 @@ L.tio_set_log(_log_cb, None, 1)
 
 
 class _Mode(TorchDispatchMode):
+    """Inside an iteration: every operator is a kernel of the plan."""
+
     def __init__(self, rt: "OffloadRuntime"):
         super().__init__()
         self.rt = rt
@@ -60,21 +92,41 @@ class _Mode(TorchDispatchMode):
         k = rt.k
         rt.k += 1
         if not rt.diverged:
-            rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode()))
-            if rc == 1:
+            if L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode())) == 1:
                 rt.diverged = True
         for t in iter_tensors((args, kwargs)):
-            rt._touch(t.untyped_storage())
+            rt._use(t.untyped_storage())
         out = func(*args, **kwargs)
-        if not rt.diverged:
-            for t in iter_tensors(out):
-                st = t.untyped_storage()
-                if rt._ids.lookup(st) is None:
-                    rt._touch(st)
+        sizes = []
+        by_key = rt._ids.by_key
+        for t in iter_tensors(out):
+            st = t.untyped_storage()
+            sizes.append((st.nbytes(), t.shape))
+            if st._cdata not in by_key:
+                rt._new(st)
+        rt._signature.append((name, tuple(sizes)))
         if rt._curve is not None:
             L.tio_runtime_get_stats(rt._p, ctypes.byref(rt._stats))
             rt._curve.append(rt._stats.resident_bytes)
         return out
+
+
+class _Guard(TorchDispatchMode):
+    """Between iterations: an operator that reads an offloaded tensor (a
+    parameter norm, gradient clipping, a plain step, an eval pass) gets it
+    fetched first."""
+
+    def __init__(self, rt: "OffloadRuntime"):
+        super().__init__()
+        self.rt = rt
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rt = self.rt
+        if rt._p and not rt._in_iteration:
+            for t in iter_tensors((args, kwargs)):
+                rt._fetch_outside(t.untyped_storage())
+        return func(*args, **kwargs)
 
 
 def _trace_globals_by_name(trace: Trace) -> dict[str, int] | None:
@@ -102,18 +154,28 @@ class OffloadRuntime:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, trace: Trace, plan: Plan, engine: Engine | None,
-                 staging: bool | None = None):
+                 staging: bool | None = None, safe: bool = True):
         """``staging``: move bytes through host staging buffers (pinned when
         CUDA is available) instead of letting the engine address the
         tensors' memory.  Default: on when the model's tensors are not in CPU
-        memory (device memory without GPUDirect Storage)."""
+        memory (device memory without GPUDirect Storage).  ``safe``: fetch
+        offloaded tensors that operators and ``state_dict()`` use between
+        iterations (see the module text); off, touching them there is the
+        caller's business (``fetch_all()`` first)."""
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
+        self.safe = safe
         self.k = 0
-        self.diverged = False
+        self.diverged = False          # the current (or last) iteration left the trace
+        self.fingerprint: int | None = None  # of the last iteration's operator sequence
+        self._thread = threading.get_ident()
+        self._in_iteration = False
         self._released: set[int] = set()
         self._deaths: list[tuple[int, int]] = []
-        self._bound: dict[int, int] = {}          # id -> storage key it is bound to
+        self._bound: dict[int, tuple[int, weakref.ref]] = {}  # id -> (storage key, storage)
+        self._untracked: dict[int, int] = {}      # storage key -> bytes (see _account)
+        self._untracked_freed = 0
+        self._signature: list = []
         self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
         globals_ = global_tensors(model, optimizer)
         devices = {t.device.type for t, _, _ in globals_}
@@ -134,27 +196,35 @@ class OffloadRuntime:
         self._p = ctypes.c_void_p()
         L.check(L.tio_runtime_create(plan._p, trace._p, engine._p if engine else None,
                                      ctypes.byref(self._cbs), ctypes.byref(self._p)))
-        by_name = _trace_globals_by_name(trace)
-        for t, _kind, name in globals_:
-            st = t.untyped_storage()
-            if not st.nbytes() or self._ids.lookup(st) is not None:
-                continue
-            if by_name is None:
-                self._bind(self._ids.assign(st), st)
-            elif name in by_name:
-                self._bind(self._ids.assign(st, by_name[name]), st)
-            # else: not in the trace (the profiled iteration never touched
-            # it): untracked, never moved.
-        if by_name is not None:
-            self._ids.next_id = max(by_name.values(), default=-1) + 1
+        self._by_name = _trace_globals_by_name(trace)
+        if self._by_name is None:
+            for t, _kind, _name in globals_:
+                st = t.untyped_storage()
+                if st.nbytes() and self._ids.lookup(st) is None:
+                    self._bind(self._ids.assign(st), st)
+        else:
+            self._ids.next_id = max(self._by_name.values(), default=-1) + 1
+            self._bind_globals()
         self._ids.n_global = self._ids.next_id
         self._mode = _Mode(self)
+        self._guard = _Guard(self)
+        self._guard_pushed = False
         self._curve: list[int] | None = None
         self._stats = L.RuntimeStats()
+        self._hooks = [model.register_state_dict_pre_hook(lambda *a: self._before_state_dict())]
+        if optimizer is not None:
+            self._hooks += [optimizer.register_state_dict_pre_hook(lambda *a: self._before_state_dict()),
+                            optimizer.register_load_state_dict_post_hook(lambda *a: self._after_load())]
+        self._hooks.append(model.register_load_state_dict_post_hook(lambda *a: self._after_load()))
 
     # -- callbacks from the C runtime (run on this thread) --------------------
+    def _storage(self, tensor: int):
+        """The storage the C runtime has bound to `tensor`, or None."""
+        b = self._bound.get(tensor)
+        return b[1]() if b else None
+
     def _allocate(self, ctx, tensor, nbytes, addr):
-        st = self._ids.get(tensor)
+        st = self._storage(tensor)
         if st is None:
             return -2  # -ENOENT: the storage died
         try:
@@ -166,9 +236,12 @@ class OffloadRuntime:
         return 0
 
     def _release(self, ctx, tensor):
-        st = self._ids.get(tensor)
+        st = self._storage(tensor)
         if st is not None:
-            st.resize_(0)
+            try:
+                st.resize_(0)
+            except RuntimeError:
+                return -1  # -EPERM: _bind never binds a storage that cannot be resized
         self._released.add(tensor)
         return 0
 
@@ -185,7 +258,7 @@ class OffloadRuntime:
         return buf
 
     def _stage_out(self, ctx, tensor, nbytes, addr):
-        st = self._ids.get(tensor)
+        st = self._storage(tensor)
         if st is None:
             return -2  # -ENOENT
         buf = self._stage_buffer(tensor, nbytes)
@@ -202,61 +275,198 @@ class OffloadRuntime:
         if buf is None:
             return -22  # -EINVAL
         if copy_in:
-            st = self._ids.get(tensor)
+            st = self._storage(tensor)
             if st is None:
                 return -2
             self._bytes_view(st).copy_(buf)  # host -> device; synchronous
         return 0
 
     # -- bookkeeping ----------------------------------------------------------
-    def _bind(self, i: int, st) -> None:
-        rc = L.tio_runtime_tensor_bind(self._p, i, st.data_ptr(), st.nbytes())
-        if rc == 0:
-            self._bound[i] = st._cdata
-        # A tensor the plan does not know (size differs, id beyond the trace)
-        # stays untracked: it is never moved.
+    def _bind(self, i: int, st) -> bool:
+        """Bind storage `st` to id `i`; False if the runtime refused it (an
+        id or size the trace does not have: the iteration diverged) or it
+        cannot be moved: memory PyTorch does not own (torch.frombuffer,
+        torch.from_numpy, some torch.load storages) cannot be resized, so it
+        is only counted (untracked)."""
+        if not st.resizable():
+            self._account(st, st.nbytes())
+            return True
+        if L.check(L.tio_runtime_tensor_bind(self._p, i, st.data_ptr(), st.nbytes())) == 0:
+            self._bound[i] = (st._cdata, weakref.ref(st))
+            return True
+        return False
 
-    def _touch(self, st) -> None:
-        i = self._ids.lookup(st)
-        if i is None:
-            if st.nbytes() == 0 or self.diverged:
-                return
-            i = self._ids.assign(st)
+    def _bind_globals(self) -> None:
+        """Bind every global tensor the trace names whose storage is not the
+        one bound (new, or replaced since).  A replaced storage that is
+        still alive somewhere gets its bytes back first.  A global tensor
+        over memory PyTorch cannot resize (optimizer.load_state_dict keeps
+        the tensors torch.load made) is moved to a resizable copy first, so
+        the plan can move it."""
+        for t, _kind, name in global_tensors(self.model, self.optimizer):
+            i = self._by_name.get(name)
+            st = t.untyped_storage()
+            if i is None or not st.nbytes():
+                continue
+            if not st.resizable():
+                copy = torch.UntypedStorage(st.nbytes(), device=st.device)
+                copy.copy_(st)
+                with torch.no_grad():
+                    t.set_(copy, t.storage_offset(), t.size(), t.stride())
+                st = t.untyped_storage()
+            b = self._bound.get(i)
+            if b is not None and b[0] == st._cdata:
+                continue
+            if b is not None and b[1]() is not None:
+                L.check(L.tio_runtime_ensure_resident(self._p, i, None))
+            self._ids.assign(st, i)
             self._bind(i, st)
-        elif i in self._bound:
+
+    def _use(self, st) -> None:
+        """An operator of the iteration reads storage `st`."""
+        key = st._cdata
+        i = self._ids.by_key.get(key)
+        if i is None:
+            self._new(st)
+            return
+        b = self._bound.get(i)
+        if b is not None and b[0] == key:
             # Offloaded, or a prefetch still in flight: wait (a stall).
             L.check(L.tio_runtime_ensure_resident(self._p, i, None))
+
+    def _new(self, st) -> None:
+        """Storage `st` is first seen in this iteration (made by an operator,
+        or the program's own, like its input batch): it takes the next id if
+        the runtime agrees it is that tensor of the trace, else it is counted
+        as untracked memory."""
+        nbytes = st.nbytes()
+        if not nbytes or st._cdata in self._untracked:
+            return
+        if not self.diverged:
+            if self._bind(self._ids.assign(st), st):
+                return
+            self.diverged = True
+        self._account(st, nbytes)
+
+    def _account(self, st, nbytes: int) -> None:
+        """Memory the plan does not manage: counted, never moved."""
+        key = st._cdata
+        self._untracked[key] = nbytes
+        weakref.finalize(st, self._untracked_died, key)
+        L.check(L.tio_runtime_account_untracked(self._p, nbytes))
+
+    def _untracked_died(self, key: int) -> None:
+        self._untracked_freed += self._untracked.pop(key, 0)
 
     def _drain_deaths(self) -> None:
         while self._deaths:
             i, key = self._deaths.pop()
-            if self._bound.get(i) == key:
+            b = self._bound.get(i)
+            if b is not None and b[0] == key:
                 del self._bound[i]
                 self._released.discard(i)
                 L.check(L.tio_runtime_tensor_unbind(self._p, i))
+        if self._untracked_freed:
+            n, self._untracked_freed = self._untracked_freed, 0
+            L.check(L.tio_runtime_account_untracked(self._p, -n))
 
-    # -- public ---------------------------------------------------------------
+    def _end_iteration(self) -> None:
+        self._drain_deaths()
+        rc = L.tio_runtime_iteration_end(self._p)
+        for i in [i for i in self._bound if i >= self._ids.n_global]:
+            del self._bound[i]
+            self._released.discard(i)
+        self._untracked.clear()
+        self._untracked_freed = 0
+        self.fingerprint = sequence_fingerprint(self._signature)
+        self._signature = []
+        L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
+        self.diverged = self.diverged or self._stats.diverged_iterations > self._diverged_before
+        L.check(rc)
+
+    # -- between iterations ---------------------------------------------------
+    def _fetch_outside(self, st) -> None:
+        i = self._ids.by_key.get(st._cdata)
+        if i is None:
+            return
+        b = self._bound.get(i)
+        if b is not None and b[0] == st._cdata and not L.tio_runtime_is_resident(self._p, i):
+            L.check(L.tio_runtime_ensure_resident(self._p, i, None))
+
+    def _guard_on(self) -> None:
+        """Between iterations, guard operators (a Python call per operator)
+        only while some bound tensor is away or moving."""
+        if not self.safe or self._guard_pushed:
+            return
+        if all(L.tio_runtime_is_resident(self._p, i) for i in self._bound):
+            return
+        _push_mode(self._guard)
+        self._guard_pushed = True
+
+    def _guard_off(self) -> None:
+        """Take the guard off the mode stack if it is on top; below another
+        mode it stays, doing nothing while an iteration runs."""
+        if self._guard_pushed and _get_current_dispatch_mode() is self._guard:
+            _pop_mode()
+            self._guard_pushed = False
+
+    def _before_state_dict(self) -> None:
+        """state_dict() hands out the live tensors: all of them resident (in
+        an iteration too, where it costs the plan its memory savings)."""
+        if self._p and self.safe:
+            self.fetch_all()
+
+    def _after_load(self) -> None:
+        """load_state_dict may have put new storages in place of bound ones
+        (the optimizer always does): bind them before anything moves."""
+        if self._p and self._by_name is not None and not self._in_iteration:
+            self._check_thread()
+            self._drain_deaths()
+            self._bind_globals()
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("OffloadRuntime used from another thread: a runtime is driven only "
+                               "from the thread that created it (its tensors move under that thread)")
+
     def _open(self) -> None:
+        self._check_thread()
         if not self._p:
             raise RuntimeError("OffloadRuntime is closed: create a new one to offload again")
 
+    # -- public ---------------------------------------------------------------
     @contextlib.contextmanager
     def iteration(self):
         """Run one training iteration with the plan applied."""
         self._open()
+        if self._in_iteration:
+            raise RuntimeError("OffloadRuntime.iteration: an iteration is already running")
+        self._guard_off()
         self._drain_deaths()
+        if self._by_name is not None:
+            self._bind_globals()
         self._ids.start_iteration()
         self.k = 0
+        self.diverged = False
+        self._signature = []
+        L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
+        self._diverged_before = self._stats.diverged_iterations
         L.check(L.tio_runtime_iteration_begin(self._p))
+        self._in_iteration = True
         try:
             with self._mode:
                 yield self
         finally:
+            self._in_iteration = False
             self._curve = None
-        self._drain_deaths()
+            try:
+                self._end_iteration()
+            finally:
+                self._guard_on()
 
     def record_curve(self, curve: list[int]) -> None:
         """Append the resident bytes after each kernel of the next iteration to `curve`."""
+        self._check_thread()
         self._curve = curve
 
     def fetch_all(self) -> None:
@@ -265,12 +475,18 @@ class OffloadRuntime:
         L.check(L.tio_runtime_fetch_all(self._p))
 
     def stats(self) -> dict:
+        self._open()
         s = L.RuntimeStats()
         L.tio_runtime_get_stats(self._p, ctypes.byref(s))
         return {name: getattr(s, name) for name, _ in L.RuntimeStats._fields_}
 
     def close(self) -> None:
+        """Bring everything back and free the runtime (its SSD space)."""
         if getattr(self, "_p", None):
+            self._check_thread()
+            self._guard_off()
             self.fetch_all()
+            for h in self._hooks:
+                h.remove()
             L.tio_runtime_destroy(self._p)
             self._p = None

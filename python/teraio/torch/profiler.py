@@ -10,6 +10,12 @@ intermediates are temporaries.  (Saved-tensor hooks would name activations
 exactly, but installing them changes the operator sequence autograd runs, so
 the trace would no longer match un-hooked iterations.)
 
+It also records when each intermediate storage is really freed: a Python
+variable, autograd (until its backward node has run) or the caller (the
+input batch, the loss) often holds a tensor well past its last access.  The
+trace's free records (docs/formats.md) carry that, so the memory curve the
+planner works from counts what OffloadRuntime will count at each kernel.
+
 Usage::
 
     prof = Profiler(model, optimizer)
@@ -71,16 +77,29 @@ class _Recorder(TorchDispatchMode):
         dur = time.perf_counter_ns() - t0
         if p.kernel_time is not None:
             dur = int(p.kernel_time(func, args, kwargs, out))
+        sizes = []
         for t in iter_tensors(out):
-            i = p._id_of(t.untyped_storage())
+            st = t.untyped_storage()
+            sizes.append((st.nbytes(), t.shape))
+            i = p._id_of(st)
             if i is not None:
                 acc[i] = acc.get(i, 0) | WRITE
         p._kernels.append((name, dur, list(acc.items())))
+        p._signature.append((name, tuple(sizes)))
         if forward:
             p._forward_seen.update(i for i in acc if i not in p._forward_seen)
         else:
             p._saved.update(i for i in acc if i in p._forward_seen)
         return out
+
+
+def sequence_fingerprint(signature: list) -> int:
+    """The fingerprint of an iteration's operator sequence: its kernels'
+    names and their outputs' storage sizes and shapes, in order.  Two
+    iterations with the same fingerprint run the same plan; a batch of
+    another size or a new sequence length changes it.  (Python's hash: valid
+    within one process, which is where plans are kept.)"""
+    return hash(tuple(signature))
 
 
 class Profiler:
@@ -101,6 +120,9 @@ class Profiler:
         self._saved: set[int] = set()
         self._forward_seen: set[int] = set()
         self._ids: StorageIds | None = None
+        self._freed: dict[int, int] = {}
+        self._signature: list = []
+        self.fingerprint: int | None = None
 
     def _id_of(self, st) -> int | None:
         if st.nbytes() == 0:
@@ -116,10 +138,13 @@ class Profiler:
         """Profile one iteration (forward, backward, optimizer step).  If the
         body raises, the iteration is discarded: the last complete one stays
         the trace."""
-        last = (self._ids, self._kernels, self._tensors, self._saved, self._forward_seen)
-        self._ids = StorageIds()
-        self._kernels, self._tensors = [], []
+        last = (self._ids, self._kernels, self._tensors, self._saved, self._forward_seen,
+                self._signature)
+        ids = self._ids = StorageIds()
+        ids._on_death = lambda i, key: self._died(ids, i)
+        self._kernels, self._tensors, self._signature = [], [], []
         self._saved, self._forward_seen = set(), set()
+        self._freed = {}
         for t, kind, name in global_tensors(self.model, self.optimizer):
             st = t.untyped_storage()
             if st.nbytes() == 0 or self._ids.lookup(st) is not None:
@@ -131,13 +156,34 @@ class Profiler:
             with _Recorder(self):
                 yield self
         except BaseException:
-            self._ids, self._kernels, self._tensors, self._saved, self._forward_seen = last
+            (self._ids, self._kernels, self._tensors, self._saved, self._forward_seen,
+             self._signature) = last
             raise
         for i in self._saved:
             if not self._tensors[i][2]:
                 self._tensors[i][1] = "activation"
+        self._record_frees()
         self._drop_untouched()
+        self.fingerprint = sequence_fingerprint(self._signature)
         self.iterations += 1
+
+    def _died(self, ids: StorageIds, i: int) -> None:
+        if ids is self._ids and i >= ids.n_global:
+            self._freed[i] = len(self._kernels)
+
+    def _record_frees(self) -> None:
+        """Each intermediate's free kernel, where it lies past the kernel
+        after its last access: the kernel before which it died, or the
+        kernel count when it was still alive at the end."""
+        n = len(self._kernels)
+        last = {}
+        for k, (_, _, acc) in enumerate(self._kernels):
+            for i, _ in acc:
+                last[i] = k
+        for i, t in enumerate(self._tensors):
+            freed = self._freed.get(i, n)
+            if not t[2] and i in last and freed > last[i] + 1:
+                t.append(freed)
 
     def _drop_untouched(self) -> None:
         """A trace holds only tensors its kernels access, so a global tensor
@@ -167,8 +213,9 @@ class Profiler:
         """The last profiled iteration as plain data, for post-processing
         before Trace.build: tensors as (bytes, kind, global, name) tuples and
         kernels as (name, duration_ns, [(tensor_id, mode), ...]) tuples (the
-        lists are copies)."""
-        return [tuple(t) for t in self._tensors], [(n, d, list(a)) for n, d, a in self._kernels]
+        lists are copies).  The free kernels are left out: a post-processing
+        that drops kernels would have to renumber them."""
+        return [tuple(t[:4]) for t in self._tensors], [(n, d, list(a)) for n, d, a in self._kernels]
 
     def trace(self) -> Trace:
         """The last profiled iteration as a libteraio trace."""

@@ -1,0 +1,152 @@
+"""The demo's command line: options, then the runs in child processes and
+the report (see teraio/demo/__init__.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from .job import progress, setup_process
+from .runs import run_a, run_b, run_s, sweep_iterations
+
+
+# ----------------------------------------------------------------- parent ---
+
+def child(role: str, args, extra: list[str]) -> dict:
+    """Run one side of the comparison in its own process, with the same
+    settings as this one."""
+    out = os.path.join(args.out, f"run_{role.lower()}.json")
+    cmd = [sys.executable, "-m", "teraio.demo", *args.argv, "--out", args.out, "--child", role, *extra]
+    if os.path.exists(out):
+        os.unlink(out)
+    rc = subprocess.call(cmd)
+    if rc != 0 or not os.path.exists(out):
+        raise SystemExit(rc or 1)
+    with open(out) as f:
+        return json.load(f)
+
+
+def check_dirs(args) -> str | None:
+    """What is wrong with the output and SSD directories, or None."""
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        return f"output directory '{args.out}': {e.strerror}"
+    for d in args.ssd or []:
+        if not os.path.isdir(d):
+            return f"ssd directory '{d}' does not exist or is not a directory"
+        if not os.access(d, os.W_OK | os.X_OK):
+            return f"ssd directory '{d}' is not writable"
+        # Create a file there now, so that a directory that takes none
+        # (/proc, a read-only mount seen by root) fails before run A.
+        try:
+            tempfile.TemporaryFile(dir=d).close()
+        except OSError as e:
+            return f"ssd directory '{d}' cannot hold files: {e.strerror}"
+    return None
+
+
+def parent(args) -> int:
+    from .report import report_demo, report_sweep
+    problem = check_dirs(args)
+    if problem:
+        sys.stderr.write(f"teraio demo: {problem}\n")
+        return 1
+    t0 = time.time()
+    if args.sweep:
+        a = child("A", args, ["--iterations", str(sweep_iterations(args))])
+        s = child("S", args, ["--iterations", str(sweep_iterations(args)), "--peak-bytes", str(a["peak_bytes"])])
+        progress("", final=False)
+        return report_sweep(args, a, s, t0)
+    a = child("A", args, [])
+    capacity = int(a["peak_bytes"] * args.capacity_fraction)
+    b = child("B", args, ["--capacity-bytes", str(capacity)])
+    progress("", final=False)
+    return report_demo(args, a, b, t0)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes as one line, like the other teraio commands."""
+
+    def error(self, message):
+        self.exit(2, f"teraio demo: {message} (try --help)\n")
+
+
+def check_args(args) -> str | None:
+    """What is wrong with the options, or None."""
+    if args.iterations < 4:
+        return "--iterations must be >= 4"
+    if args.validate_iterations < 0 or args.validate_iterations % 3:
+        return "--validate-iterations must be 0 or a positive multiple of 3"
+    if args.sweep_iterations < 1:
+        return "--sweep-iterations must be >= 1"
+    for name in ("dim", "layers", "heads", "ffn_dim", "seq_len", "batch"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1"
+    if args.dim % args.heads or (args.dim // args.heads) % 2:
+        return (f"--dim ({args.dim}) must be --heads ({args.heads}) times an even head size "
+                f"(rotary embeddings rotate pairs)")
+    shares = (("capacity_fraction", 0, 1, False), ("bandwidth_derate", 0, 1, False),
+              ("validate_capacity_fraction", 0, 1, False),
+              ("plan_headroom", 0, 1, True))
+    for name, lo, hi, lo_ok in shares:
+        v = getattr(args, name)
+        if not (math.isfinite(v) and (v >= lo if lo_ok else v > lo) and (v <= hi if not lo_ok else v < hi)):
+            interval = f"[{lo}, {hi})" if lo_ok else f"({lo}, {hi}]"
+            return f"--{name.replace('_', '-')} must be in {interval}, got {v:g}"
+    return None
+
+
+def main(argv=None) -> int:
+    from . import __doc__ as doc
+    ap = _Parser(prog="python -m teraio.demo", description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default="build/demo", help="output directory (default build/demo)")
+    ap.add_argument("--ssd", action="append", metavar="DIR", help="SSD directory (repeat for striping)")
+    ap.add_argument("--iterations", type=int, default=14, help="training iterations per run (>= 4)")
+    ap.add_argument("--capacity-fraction", type=float, default=0.5, help="capacity as a share of run A's peak")
+    ap.add_argument("--bandwidth-derate", type=float, default=0.7,
+                    help="share of the measured SSD bandwidth the planner may book")
+    ap.add_argument("--plan-headroom", type=float, default=0.0,
+                    help="plan for this share below the capacity: room for memory that operators "
+                         "allocate inside themselves, which no trace sees (default 0)")
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--ffn-dim", type=int, default=704)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--validate-iterations", type=int, default=18,
+                    help="iterations of the simulator check, a third per plan (0: skip; default 18)")
+    ap.add_argument("--validate-capacity-fraction", type=float, default=0.75,
+                    help="capacity of the simulator check's calibration plan, as a share of the peak")
+    ap.add_argument("--sweep", action="store_true",
+                    help="instead of run B: the capacity sweep, 0.9 .. 0.1 of the peak (make demo-sweep)")
+    ap.add_argument("--sweep-iterations", type=int, default=2,
+                    help="rounds per capacity of the sweep, four iterations each (default 2)")
+    ap.add_argument("--child", choices=["A", "B", "S"], help=argparse.SUPPRESS)
+    ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--peak-bytes", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    problem = check_args(args)
+    if problem:
+        ap.error(problem)
+    if not args.child:
+        return parent(args)
+    setup_process()
+    from .._lib import TeraioError
+    try:
+        result = {"A": run_a, "B": run_b, "S": run_s}[args.child](args)
+    except (TeraioError, OSError, ValueError, RuntimeError, MemoryError) as e:
+        progress("")
+        sys.stderr.write(f"teraio demo: {e}\n")
+        return 1
+    with open(os.path.join(args.out, f"run_{args.child.lower()}.json"), "w") as f:
+        json.dump(result, f)
+    return 0
