@@ -14,8 +14,7 @@ FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
 .PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-slow test-pip demo \
-	demo-sweep \
-	bench paper paper-traces clean
+	demo-sweep bench paper paper-traces clean
 
 all: build
 
