@@ -492,5 +492,18 @@ def main(argv=None) -> int:
         raise SystemExit(f"train.py: {e}") from None
 
 
+def exit_now(rc: int) -> None:
+    """Leave without Python's finalization.  Gloo's worker threads destroy finished
+    collectives, and with them their tensors' Python objects, which needs the GIL; a
+    thread that asks for it while the interpreter shuts down aborts the process
+    ("terminate called without an active exception", ProcessGroupGloo::runLoop in
+    ~AsyncGatherWork; seen here in about 1 of 10 runs, pytorch/pytorch#179291).  By now
+    the process group is destroyed and every file is closed: there is nothing left for
+    finalization to do."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
