@@ -25,9 +25,9 @@ Without ``--data`` the job writes its own corpus into ``OUT/corpus`` from the
 running Python's standard library (docstrings in ``prose``, function and
 class sources in ``code``), so it runs on a fresh clone.  On a terminal rank
 0 shows a progress line (step, loss, tokens/s); piped, it prints only the
-summary at the end.  Each rank appends one JSON line per step to
+summary at the end.  Each rank writes one JSON line per step to
 ``OUT/metrics/rankN.jsonl`` (loss as an exact float; with ``--provenance``
-the spans of every delivered sample).
+the spans of every delivered sample), appending when it resumes.
 """
 from __future__ import annotations
 
@@ -71,8 +71,10 @@ def parse_args(argv=None):
                    "(default %(default)s)")
     p.add_argument("--steps", type=int, default=20, help="train until this step (counted from the "
                    "start of training, also across --resume)")
-    p.add_argument("--batch-size", type=int, default=4, help="samples per rank and step")
-    p.add_argument("--seq-len", type=int, default=64)
+    # small batches: the logits over r50k_base's 50257 ids are the largest tensors, and
+    # with few of them half the peak stays above the largest kernel's working set
+    p.add_argument("--batch-size", type=int, default=2, help="samples per rank and step")
+    p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -388,14 +390,16 @@ def start_offload(args, model, optimizer):
 
 
 def offload_summary(off, rank: int) -> dict | None:
+    """This rank's offloading: its capacity and planned peak (of the plan in use), the
+    resident peak the runtime measured, bytes moved, stalls, and the whole report."""
     if off is None:
         return None
     rep = off.report()
-    caps = [p["capacity_bytes"] for p in rep.get("plans", [])]
-    return {"rank": rank, "capacity_bytes": max(caps) if caps else None,
-            "peak_resident_bytes": rep.get("peak_resident_bytes"),
-            "bytes_offloaded": rep.get("bytes_offloaded"), "bytes_prefetched": rep.get("bytes_prefetched"),
-            "stalls": rep.get("stalls"), "report": rep}
+    plan = rep["plans"][-1] if rep["plans"] else {}
+    return {"rank": rank, "capacity_bytes": plan.get("capacity_bytes"),
+            "planned_peak_bytes": plan.get("planned_peak_bytes"), "fits": plan.get("fits"),
+            "peak_resident_bytes": rep["peak_resident_bytes"], "bytes_offloaded": rep["bytes_offloaded"],
+            "bytes_prefetched": rep["bytes_prefetched"], "stalls": rep["stalls"], "report": rep}
 
 
 def mib(n) -> str:
@@ -426,7 +430,8 @@ def train(args) -> int:
         start = load_checkpoint(args, path, model, optimizer, ds)
     off = start_offload(args, model, optimizer)
     (args.out / "metrics").mkdir(parents=True, exist_ok=True)
-    metrics = open(args.out / "metrics" / f"rank{rank}.jsonl", "w")
+    # a resumed run appends to the metrics of the run it continues (lines carry their step)
+    metrics = open(args.out / "metrics" / f"rank{rank}.jsonl", "a" if args.resume else "w")
     progress = Progress(rank)
     if args.resume:
         progress.say(f"train: resumed {path} (step {start}, saved by {len(saved_loader_ranks(path))} "
@@ -476,9 +481,11 @@ def train(args) -> int:
     dist.gather_object(summary, summaries, dst=0)
     for s in summaries or []:
         if s is not None:
-            progress.say(f"train: rank {s['rank']}: peak resident {mib(s['peak_resident_bytes'])} of "
-                         f"capacity {mib(s['capacity_bytes'])}, offloaded {mib(s['bytes_offloaded'])}, "
-                         f"prefetched {mib(s['bytes_prefetched'])}, stalls {s['stalls']}")
+            fit = {True: "fits", False: "does not fit", None: "none"}[s["fits"]]
+            progress.say(f"train: rank {s['rank']}: peak resident {mib(s['peak_resident_bytes'])}, "
+                         f"capacity {mib(s['capacity_bytes'])} (plan {mib(s['planned_peak_bytes'])}, "
+                         f"{fit}), offloaded {mib(s['bytes_offloaded'])}, prefetched "
+                         f"{mib(s['bytes_prefetched'])}, stalls {s['stalls']}")
     ds.close()
     dist.destroy_process_group()
     return 0
@@ -489,6 +496,10 @@ def main(argv=None) -> int:
     try:
         return train(args)
     except TeraioError as e:       # bad data, state or settings: one line, not a traceback
+        raise SystemExit(f"train.py: {e}") from None
+    except ValueError as e:        # offloading refused its settings (a capacity too small)
+        if not str(e).startswith("teraio.torch.offload:"):
+            raise
         raise SystemExit(f"train.py: {e}") from None
 
 
