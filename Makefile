@@ -7,14 +7,15 @@
 #   make bench   benchmarks (ratios against references measured in the same run)
 #   make paper   the TERAIO paper's configurations simulated (traces cached in
 #                build/paper-traces/<profile>/ by make paper-traces)
+#   make test-slow  the slow tests (two-node training job in network namespaces)
 SHELL := /bin/bash
 PY := .venv/bin/python
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 10
 CMAKE_GEN := -G Ninja
 
-.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-pip demo demo-sweep demo-compiled \
-	bench paper paper-traces clean
+.PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-slow test-pip demo \
+	demo-sweep demo-compiled bench paper paper-traces clean
 
 all: build
 
@@ -49,6 +50,10 @@ test-fuzz: deps
 
 test-python: build
 	$(PY) -m pytest -q -rs tests/python
+
+# Slow tests (also part of `make test` when TERAIO_SLOW=1).
+test-slow: build
+	TERAIO_SLOW=1 $(PY) -m pytest -q -rs tests/python/test_dist_two_nodes.py
 
 # `pip install .` into a fresh venv: import teraio and the teraio command work.
 test-pip: deps

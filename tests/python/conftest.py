@@ -53,10 +53,11 @@ def pytest_configure(config):
 
 # ---- skip policy -------------------------------------------------------------
 # `make test` skips nothing this machine can run.  The only skips allowed are
-# tests that need a GPU (no device here) and opt-in runs that a variable turns
-# on; their reasons start with one of these prefixes.  Any other skip fails
-# the run, and the summary names the test and its reason.
-ALLOWED_SKIP_PREFIXES = ("needs a CUDA device", "needs a GPU", "opt-in:")
+# tests that need a GPU (no device here), opt-in runs that a variable turns
+# on, and the two-node test where network namespaces are refused (it needs
+# root or CAP_NET_ADMIN); their reasons start with one of these prefixes.
+# Any other skip fails the run, and the summary names the test and its reason.
+ALLOWED_SKIP_PREFIXES = ("needs a CUDA device", "needs a GPU", "opt-in:", "needs ip netns")
 _forbidden_skips = []
 
 

@@ -26,6 +26,12 @@ _Tensor = torch.Tensor
 _strided = torch.strided
 
 
+try:
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:          # a torch without distributed support
+    _DTensor = None
+
+
 def iter_tensors(obj) -> Iterator[torch.Tensor]:
     """Dense tensors with real storage inside an args/kwargs/result structure.
 
@@ -34,11 +40,15 @@ def iter_tensors(obj) -> Iterator[torch.Tensor]:
     than a general pytree flatten, which matters at thousands of operators
     per iteration."""
     if isinstance(obj, _Tensor):
+        if type(obj) is _DTensor:
+            obj = obj._local_tensor
         if obj.layout == _strided:
             yield obj
     elif isinstance(obj, (list, tuple)):
         for x in obj:
             if isinstance(x, _Tensor):
+                if type(x) is _DTensor:
+                    x = x._local_tensor
                 if x.layout == _strided:
                     yield x
             elif isinstance(x, (list, tuple, dict)):
@@ -49,7 +59,8 @@ def iter_tensors(obj) -> Iterator[torch.Tensor]:
 
 
 def global_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
-    """(tensor, kind, name) for every global tensor, in id order."""
+    """(tensor, kind, name) for every global tensor, in id order; of a DTensor
+    (FSDP2's sharded parameters, their gradients and optimizer state) its local shard."""
     out = []
     params = list(model.named_parameters())
     for name, p in params:
@@ -66,6 +77,8 @@ def global_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | No
                 v = state[key]
                 if isinstance(v, torch.Tensor):
                     out.append((v, "optimizer_state", f"{name}.{key}"))
+    if _DTensor is not None:
+        out = [(t._local_tensor if type(t) is _DTensor else t, kind, name) for t, kind, name in out]
     return out
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 
 import torch
@@ -58,6 +59,26 @@ _SUMS = ("bytes_offloaded", "bytes_offloaded_ssd", "bytes_offloaded_host", "byte
          "offloads_refused", "iterations", "diverged_iterations", "fetches_outside",
          "bytes_fetched_outside", "over_capacity_kernels")
 _MAXES = ("peak_resident_bytes", "over_capacity_bytes_max")
+
+
+def ssd_dirs(ssd) -> list[str]:
+    """This process's SSD directories from ``ssd``: a list of directories, one directory,
+    or one list per local rank (torchrun's LOCAL_RANK picks one); ``{rank}`` and
+    ``{local_rank}`` in a directory become this process's RANK and LOCAL_RANK (0 without
+    torchrun), so ``"/mnt/nvme{local_rank}/teraio"`` gives each GPU of a node its own SSD."""
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if isinstance(ssd, (str, bytes, os.PathLike)):
+        ssd = [ssd]
+    ssd = list(ssd or [])
+    if ssd and all(isinstance(d, (list, tuple)) for d in ssd):
+        if local_rank >= len(ssd):
+            raise ValueError(f"ssd has one list of directories per local rank ({len(ssd)}), "
+                             f"none for local rank {local_rank}")
+        ssd = list(ssd[local_rank])
+    if not ssd or any(isinstance(d, (list, tuple)) for d in ssd):
+        raise ValueError("ssd must be one or more directories, or one list of them per local rank")
+    return [os.fsdecode(d).replace("{local_rank}", str(local_rank)).replace("{rank}", str(rank))
+            for d in ssd]
 
 
 class _Entry:
@@ -93,8 +114,7 @@ class Offload:
             raise ValueError(f"capacity as a share of the peak must be in (0, 1], got {capacity}")
         if isinstance(capacity, int) and capacity <= 0:
             raise ValueError(f"capacity must be > 0 bytes, got {capacity}")
-        if isinstance(ssd, (str, bytes)) or not ssd:
-            raise ValueError("ssd must be a list of one or more directories")
+        ssd = ssd_dirs(ssd)
         for what, v, lo in (("profile_iterations", profile_iterations, 1), ("reprofile_after", reprofile_after, 1),
                             ("max_plans", max_plans, 1)):
             if not isinstance(v, int) or v < lo:
@@ -360,7 +380,9 @@ def offload(model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *, c
 
     ``capacity``: bytes (int), or a share of the profiled peak (float in
     (0, 1]).  ``ssd``: one or more directories (one per SSD; tensors are
-    striped over them).  Options: ``profile_iterations`` (2),
+    striped over them); under torchrun ``{rank}`` and ``{local_rank}`` in a
+    directory are this process's ("/mnt/nvme{local_rank}/teraio"), or ``ssd``
+    is one list of directories per local rank (see :func:`ssd_dirs`).  Options: ``profile_iterations`` (2),
     ``reprofile_after`` (2), ``max_plans`` (4), ``host_cap_bytes`` (0),
     ``bandwidth_share`` (0.7: the share of the engine's measured bandwidth
     the planner may book), ``space_bytes`` (SSD space; default twice the
