@@ -190,6 +190,34 @@ def test_released_activation_is_never_read_again_in_the_forward_code(llama_runs)
     assert checked > 0
 
 
+def test_every_view_of_a_moved_storage_is_named_in_its_call(llama_runs, tmp_path):
+    """Regression (segfault in the compiled demo): the inputs and the targets
+    are two views of one batch tensor, tokens[:, :-1] and tokens[:, 1:], so
+    two placeholders of the backward graph.  The call that released the batch
+    named only the first, Inductor ordered it after that one's readers only,
+    and the loss kernel then read the targets from released storage.  Every
+    call names every local storage of each tensor it moves; with a slow SSD
+    (1 GB/s) the plan moves the batch, and training matches plain compile."""
+    torch._dynamo.reset()
+    job = OneLayerJob(iterations=STEPS, batch=16)
+    off = CompiledOffload(job.model, job.opt, capacity=0.5, ssd=[str(tmp_path)], ssd_gbps=(1.0, 1.0))
+    losses = []
+    for i in range(STEPS):
+        with off.step():
+            losses.append(job.step(i).item())
+    entry = off._entry
+    aliased = 0
+    for inst in entry.instances:
+        for j, (mv, rd) in entry.ops[inst.info.key].items():
+            for s in mv:
+                same = [x for x, i in enumerate(inst.ids) if i == inst.ids[s]]
+                assert set(same) <= set(mv), (inst.info.kind, j, s, same, mv)
+                aliased += len(same) > 1
+    off.close()
+    assert aliased > 0  # the batch's two views are moved in this job
+    assert losses == llama_runs["ref_losses"]
+
+
 def test_capacity_below_the_eager_optimizer_step_says_what_it_needs(llama_runs, tmp_path):
     """With the optimizer step eager, its kernel holds every parameter,
     gradient and optimizer state at once: a smaller capacity is refused with

@@ -165,7 +165,7 @@ def test_offload_call_refuses_bad_use(ssd_dir):
     for kwargs, err, says in [({"capacity": 0}, ValueError, "capacity must be > 0"),
                               ({"capacity": 1.5}, ValueError, "share of the peak must be in (0, 1]"),
                               ({"capacity": "half"}, TypeError, "capacity must be bytes"),
-                              ({"capacity": 0.5, "ssd": ssd_dir}, ValueError, "list of one or more"),
+                              ({"capacity": 0.5, "ssd": []}, ValueError, "one or more directories"),
                               ({"capacity": 0.5, "max_plans": 0}, ValueError, "max_plans must be")]:
         kwargs.setdefault("ssd", [ssd_dir])
         with pytest.raises(err, match=says.replace("(", r"\(").replace(")", r"\)")):

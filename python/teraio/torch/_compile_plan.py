@@ -77,18 +77,21 @@ class StepPlan:
         self.ops: dict[str, dict[int, tuple[list[int], list[int]]]] = {}
         for inst in self.instances:
             ops = self.ops.setdefault(inst.info.key, {})
-            sid_of: dict[int, int] = {}
+            # every local storage of a moved tensor: inputs that are views of one
+            # storage (tokens[:, :-1] and tokens[:, 1:]) are separate placeholders,
+            # and Inductor orders the call only after the readers of those it names
+            sids_of: dict[int, list[int]] = {}
             for s, i in enumerate(inst.ids):
                 if i in moved:
-                    sid_of.setdefault(i, s)
+                    sids_of.setdefault(i, []).append(s)
             for j in range(inst.info.n_kernels):
                 k = inst.offset + j
                 ch, wr = changes.get(k, set()), writes.get(k, set())
                 if not ch and not wr:
                     continue
                 mv, rd = ops.setdefault(j, ([], []))
-                mv += [sid_of[i] for i in sorted(ch) if i in sid_of and sid_of[i] not in mv]
-                rd += [sid_of[i] for i in sorted(wr - ch) if i in sid_of and sid_of[i] not in rd]
+                mv += [s for i in sorted(ch) for s in sids_of.get(i, []) if s not in mv]
+                rd += [s for i in sorted(wr - ch) for s in sids_of.get(i, []) if s not in rd]
         for ops in self.ops.values():
             for mv, rd in ops.values():
                 rd[:] = [x for x in rd if x not in mv]
