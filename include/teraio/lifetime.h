@@ -46,7 +46,7 @@ typedef struct tio_lifetime {
     uint64_t *active_bytes;      /* [n_kernels] bytes accessed by kernel k */
     uint64_t peak_bytes;         /* max_k M[k] */
     uint32_t peak_kernel;        /* first k with M[k] == peak_bytes */
-    uint64_t max_active_bytes;   /* max_k active_bytes[k]: floor on capacity */
+    uint64_t max_active_bytes;   /* max_k active_bytes[k] (<= floor_bytes) */
     uint32_t *first_use;         /* [n_tensors] first access kernel */
     uint32_t *last_use;          /* [n_tensors] last access kernel */
     uint64_t *start_ns;          /* [n_kernels + 1] prefix sums of durations */
@@ -54,6 +54,16 @@ typedef struct tio_lifetime {
     tio_inactive_period *periods;/* [n_periods], sorted by (tensor, last_use) */
     uint64_t *tensor_bytes;      /* [n_tensors] size of each tensor (copied from the
                                     trace, for the size statistics) */
+    uint64_t floor_bytes;        /* the working-set floor: max_k of M[k] less the bytes
+                                    of the inactive periods that cover k.  What kernel
+                                    k accesses, plus what stays resident there with no
+                                    period to move it in: a tensor after its last use
+                                    until it is freed (free records of trace v2), a
+                                    global tensor no kernel accesses.  No plan goes
+                                    below it; >= max_active_bytes. */
+    uint32_t floor_kernel;       /* first k where the floor is reached */
+    uint64_t floor_held_bytes;   /* of floor_bytes, what kernel floor_kernel does not
+                                    access (held without a later use) */
 } tio_lifetime;
 
 /* Analyse a valid trace.  Returns 0, TIO_EPARSE (trace fails validation),

@@ -126,7 +126,7 @@ typedef struct {
                                      tensors synchronously (a predicted stall)
                                      until it is not (plan_sync.c): with
                                      kind_mask 0 the plan then fits whenever
-                                     capacity >= lt->max_active_bytes.  For
+                                     capacity >= lt->floor_bytes.  For
                                      Algorithm 1 this is the authors' rule of
                                      a late prefetch over swapping
                                      (docs/baselines.md); false leaves the
@@ -164,7 +164,7 @@ typedef struct tio_plan {
  * returned, best effort (without synchronous_moves, or with a kind_mask;
  * with the defaults both planners always fit above the floor); -EINVAL (bad options, an unknown
  * planner, or a trace without kernels: a plan file needs at least one);
- * TIO_EINFEASIBLE when capacity < lt->max_active_bytes, the working-set
+ * TIO_EINFEASIBLE when capacity < lt->floor_bytes, the working-set
  * floor (the message names it, its kernel and the capacity); -ENOMEM.
  * plan_seconds is the wall time it took. */
 TIO_API int tio_plan_build(const tio_trace *trace, const tio_lifetime *lt,

@@ -118,7 +118,8 @@ class Lifetime(Structure):
                 ("peak_bytes", c_uint64), ("peak_kernel", c_uint32), ("max_active_bytes", c_uint64),
                 ("first_use", POINTER(c_uint32)), ("last_use", POINTER(c_uint32)),
                 ("start_ns", POINTER(c_uint64)), ("n_periods", c_uint32), ("periods", c_void_p),
-                ("tensor_bytes", POINTER(c_uint64))]
+                ("tensor_bytes", POINTER(c_uint64)), ("floor_bytes", c_uint64),
+                ("floor_kernel", c_uint32), ("floor_held_bytes", c_uint64)]
 
 
 LifetimeP = POINTER(Lifetime)

@@ -115,7 +115,19 @@ class Lifetime:
 
     @property
     def max_active_bytes(self) -> int:
+        """The most bytes one kernel accesses."""
         return self._p.contents.max_active_bytes
+
+    @property
+    def floor_bytes(self) -> int:
+        """The working-set floor: no plan goes below it.  What a kernel
+        accesses plus what stays resident there with no later use (a tensor
+        after its last use until it is freed): >= max_active_bytes."""
+        return self._p.contents.floor_bytes
+
+    @property
+    def floor_kernel(self) -> int:
+        return self._p.contents.floor_kernel
 
     def memory_curve(self) -> list[int]:
         c = self._p.contents
@@ -143,7 +155,7 @@ class Plan:
         or "alg1" (TERAIO's Algorithm 1 as published, about cubic in the
         kernel count); host channel bandwidths of 0 mean "as the SSD's".
         With ``synchronous_moves`` (the default) the plan fits whenever the
-        capacity is at least the working-set floor (``Lifetime.max_active_bytes``),
+        capacity is at least the working-set floor (``Lifetime.floor_bytes``),
         accepting stalls (``predicted_stall_ns``) where bandwidth cannot
         hide a move.  ``kinds``: the tensor kinds (KINDS names) that may
         move (default all; the teraio planner only)."""

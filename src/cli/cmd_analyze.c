@@ -73,6 +73,8 @@ static void print_json(const analyze_options *o, const tio_trace *trace, const t
     printf(", \"peak_bytes\": %llu, \"peak_kernel\": %u", (unsigned long long)lt->peak_bytes,
            lt->peak_kernel);
     printf(", \"max_active_bytes\": %llu", (unsigned long long)lt->max_active_bytes);
+    printf(", \"floor_bytes\": %llu, \"floor_kernel\": %u", (unsigned long long)lt->floor_bytes,
+           lt->floor_kernel);
     printf(", \"mean_active_share\": %.6g, \"max_active_share\": %.6g", st->mean_active_share,
            st->max_active_share);
     printf(", \"size_histogram\": [");
@@ -105,8 +107,12 @@ static void print_report(const analyze_options *o, const tio_trace *trace,
     if (trace->n_kernels > 0)
         printf("peak memory M     %s at kernel %u (%s)\n", tio_format_bytes(lt->peak_bytes, b1),
                lt->peak_kernel, trace->kernels[lt->peak_kernel].name);
-    printf("max active        %s (floor on capacity)\n",
+    printf("max active        %s (one kernel's accesses)\n",
            tio_format_bytes(lt->max_active_bytes, b2));
+    if (trace->n_kernels > 0)
+        printf("working-set floor %s at kernel %u (%s): no plan goes below it\n",
+               tio_format_bytes(lt->floor_bytes, b1), lt->floor_kernel,
+               trace->kernels[lt->floor_kernel].name);
     printf("active share      mean %.2f%%, max %.2f%% of peak\n", 100 * st->mean_active_share,
            100 * st->max_active_share);
     printf("tensor sizes     ");

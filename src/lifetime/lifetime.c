@@ -171,6 +171,37 @@ static int compute_periods(const tio_trace *tr, tio_lifetime *lt, uint32_t *uses
     return 0;
 }
 
+/* Pass 5: the floor, M[k] less the periods covering k (a < k < b, b
+ * unwrapped), by a difference array over the kernels.  `delta` has n+1 slots. */
+static void compute_floor(tio_lifetime *lt, uint64_t *delta)
+{
+    uint32_t n = lt->n_kernels;
+    memset(delta, 0, ((size_t)n + 1) * sizeof *delta);
+    for (uint32_t i = 0; i < lt->n_periods; i++) {
+        const tio_inactive_period *p = &lt->periods[i];
+        uint64_t a = (uint64_t)p->last_use + 1, b = p->next_use; /* covers [a, b) */
+        if (b <= n) {
+            delta[a] += p->bytes;
+            delta[b] -= p->bytes;
+        } else {              /* [a, n) and [0, b - n) */
+            delta[a] += p->bytes;
+            delta[n] -= p->bytes;
+            delta[0] += p->bytes;
+            delta[b - n] -= p->bytes;
+        }
+    }
+    uint64_t covered = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        covered += delta[k];
+        uint64_t rest = lt->memory_bytes[k] - covered;
+        if (k == 0 || rest > lt->floor_bytes) {
+            lt->floor_bytes = rest;
+            lt->floor_kernel = k;
+            lt->floor_held_bytes = rest - lt->active_bytes[k];
+        }
+    }
+}
+
 int tio_lifetime_analyze(const tio_trace *trace, tio_lifetime **out)
 {
     if (!trace || !out)
@@ -200,6 +231,8 @@ int tio_lifetime_analyze(const tio_trace *trace, tio_lifetime **out)
     } else {
         compute_curves(trace, lt, delta);
         rc = compute_periods(trace, lt, uses, offset);
+        if (!rc)
+            compute_floor(lt, delta);
     }
     free(delta);
     free(uses);

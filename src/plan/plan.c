@@ -100,15 +100,20 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
             return tio_fail(-EINVAL, "inactive period %u (tensor %u, kernels %u..%u) is "
                             "malformed", i, per->tensor, per->last_use, per->next_use);
     }
-    if (opt->capacity_bytes < lt->max_active_bytes) {
-        uint32_t k = 0;
-        while (k + 1 < lt->n_kernels && lt->active_bytes[k] != lt->max_active_bytes)
-            k++;
-        char cap[32], need[32];
-        return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, the "
-                        "working-set floor: no plan fits below it",
-                        tio_format_bytes(opt->capacity_bytes, cap), k, trace->kernels[k].name,
-                        tio_format_bytes(lt->max_active_bytes, need));
+    if (opt->capacity_bytes < lt->floor_bytes) {
+        uint32_t k = lt->floor_kernel;
+        char cap[32], need[32], held[32];
+        if (lt->floor_held_bytes == 0)
+            return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, "
+                            "the working-set floor: no plan fits below it",
+                            tio_format_bytes(opt->capacity_bytes, cap), k, trace->kernels[k].name,
+                            tio_format_bytes(lt->floor_bytes, need));
+        return tio_fail(TIO_EINFEASIBLE, "capacity %s is below the working-set floor of %s at "
+                        "kernel %u (%s): what it accesses and %s held there by tensors with no "
+                        "later use before they are freed; no plan fits below it",
+                        tio_format_bytes(opt->capacity_bytes, cap),
+                        tio_format_bytes(lt->floor_bytes, need), k, trace->kernels[k].name,
+                        tio_format_bytes(lt->floor_held_bytes, held));
     }
     return 0;
 }

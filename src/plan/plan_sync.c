@@ -26,7 +26,7 @@
  *   until k is within capacity.
  *
  * With every period that covers k moved, M'[k] = M[k] - (bytes of all of
- * them) = active_bytes[k] <= capacity, which tio_plan_build guarantees:
+ * them) <= lt->floor_bytes <= capacity, which tio_plan_build guarantees:
  * the plan fits whenever the capacity is at least the working-set floor
  * (and kind_mask lets every kind move).  Each move keeps its tensor away
  * over the whole run of over-capacity kernels, so one move serves the run.

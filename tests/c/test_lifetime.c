@@ -31,7 +31,11 @@
 
 #include <cmocka.h>
 
+#include <string.h>
+
+#include "teraio/common.h"
 #include "teraio/lifetime.h"
+#include "teraio/plan.h"
 
 static tio_trace *example_trace(void)
 {
@@ -126,6 +130,34 @@ static void test_free_kernel_extends_memory(void **state)
     for (int k = 0; k < 6; k++)
         assert_true(lt->active_bytes[k] == plain->active_bytes[k]);
     assert_int_equal(lt->last_use[3], 3);
+    /* The working-set floor, M[k] less the periods that cover k.  Periods:
+     * t0 (0,3) (3,5), t1 wraps (5,11) = kernels 0..4, t2 (1,4); t3 none.
+     * Without free kernels every kernel's rest is its active bytes, the
+     * largest at k5: 6291456.  With them, k5 also holds t2 (1048576, no
+     * later use until freed at 6): 7340032; k4 holds t3 (4096). */
+    assert_true(plain->floor_bytes == 6291456);
+    assert_int_equal(plain->floor_kernel, 5);
+    assert_true(plain->floor_held_bytes == 0);
+    assert_true(lt->floor_bytes == 7340032);
+    assert_int_equal(lt->floor_kernel, 5);
+    assert_true(lt->floor_held_bytes == 1048576);
+    assert_true(lt->max_active_bytes == 6291456);
+    /* No plan goes below it: a capacity under the floor is refused, one at
+     * it fits (both planners, synchronous moves). */
+    for (int planner = 0; planner < 2; planner++) {
+        tio_plan_options o;
+        tio_plan_options_default(&o);
+        o.planner = planner ? TIO_PLANNER_ALG1 : TIO_PLANNER_TERAIO;
+        o.ssd_read_gbps = o.ssd_write_gbps = 1.0;
+        o.capacity_bytes = lt->floor_bytes - 1;
+        tio_plan *plan;
+        assert_int_equal(tio_plan_build(t, lt, &o, &plan), TIO_EINFEASIBLE);
+        assert_non_null(strstr(tio_last_error(), "held there by tensors with no later use"));
+        o.capacity_bytes = lt->floor_bytes;
+        assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
+        assert_true(plan->fits);
+        tio_plan_destroy(plan);
+    }
     tio_lifetime_destroy(plain);
     tio_lifetime_destroy(lt);
     tio_trace_destroy(t);

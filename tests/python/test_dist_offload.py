@@ -18,8 +18,11 @@ from teraio.core import Trace
 from train_job import job, metrics, run_a, torchrun  # noqa: F401
 
 # The logits over r50k_base's 50257 ids are most of this small model's memory: the
-# largest kernel's working set is 0.54 (FSDP2) and 0.50 (DDP) of the peak.
-CAPACITY = 0.6
+# largest kernel's working set is 0.54 (FSDP2) and 0.50 (DDP) of the peak.  Under FSDP2
+# the working-set floor is 0.72 of the peak: at the aten.copy_ that fills the
+# reduce-scatter input, tensors FSDP2 holds after their last use (gathered parameters,
+# gradients) are resident with nothing to move them in, and a plan below it is refused.
+CAPACITY = {"fsdp": 0.8, "ddp": 0.6}
 COLLECTIVES = {"fsdp": {"c10d._allgather_base_.default", "c10d._reduce_scatter_base_.default"},
                "ddp": {"c10d.allreduce_.default"}}
 
@@ -37,12 +40,12 @@ def runs(request, job, run_a):
     """(parallel, the run without teraio, the same run offloaded)."""
     if request.param == "fsdp":
         return "fsdp", run_a, run(job, "A-offload", "fsdp", 5, "--ckpt-every", 3,
-                                  "--offload-capacity", CAPACITY)
+                                  "--offload-capacity", CAPACITY["fsdp"])
     base = job[0]
     for r in (0, 1):
         (base / f"ssd{r}").mkdir()
     plain = run(job, "ddp", "ddp", 5)
-    return "ddp", plain, run(job, "ddp-offload", "ddp", 5, "--offload-capacity", CAPACITY,
+    return "ddp", plain, run(job, "ddp-offload", "ddp", 5, "--offload-capacity", CAPACITY["ddp"],
                              "--offload-ssd", base / "ssd{local_rank}")
 
 
@@ -64,7 +67,7 @@ def test_each_rank_plans_for_itself_and_moves_bytes(runs, job):
     parallel, _, offloaded = runs
     for rank, s in enumerate(reports(offloaded)):
         plan = s["report"]["plans"][-1]
-        assert s["capacity_bytes"] == int(plan["peak_bytes"] * CAPACITY), (parallel, rank)
+        assert s["capacity_bytes"] == int(plan["peak_bytes"] * CAPACITY[parallel]), (parallel, rank)
         assert s["bytes_offloaded"] > 0 and s["bytes_prefetched"] > 0, (parallel, rank)
         want = job[0] / f"ssd{rank}" if parallel == "ddp" else offloaded / "ssd"
         assert s["report"]["ssd_dirs"] == [str(want)], (parallel, rank)
@@ -83,10 +86,12 @@ def test_collectives_are_kernels_of_the_trace(runs):
 def test_resident_peak_within_capacity(runs, request):
     parallel, _, offloaded = runs
     if parallel == "fsdp":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "planner: on FSDP2's trace the planned peak does not go below 49.2 MiB (at the "
-            "aten.copy_ that fills the reduce-scatter input) for capacities under 0.75 of the "
-            "68.0 MiB peak, though the working-set floor is 36.8 MiB")))
+        # Known bug, not fixed yet: in about 4 of 5 runs here 1-3 kernels of the planned
+        # FSDP2 steps fetch a tensor of one gathered parameter's size (6.1 MiB) on demand
+        # (bytes_fetched_urgent), 7 MiB over a capacity the plan fits; timing dependent.
+        request.applymarker(pytest.mark.xfail(strict=False, reason=(
+            "FSDP2: on-demand fetches of a gathered parameter in the planned steps push the "
+            "resident peak up to 13% over the capacity (the plan fits)")))
     for s in reports(offloaded):
         assert s["report"]["plans"][-1]["fits"], parallel
         assert s["peak_resident_bytes"] <= s["capacity_bytes"], parallel
@@ -111,3 +116,21 @@ def test_ssd_dirs_refused(monkeypatch, ssd):
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(ValueError, match="ssd"):
         ssd_dirs(ssd)
+
+
+def test_floor_counts_what_the_job_holds(runs):
+    """Each job's trace: no plan below the working-set floor (refused with the reason),
+    one at it fits.  Under FSDP2 the floor is above the largest kernel's working set:
+    tensors held with no later use."""
+    from teraio.core import Lifetime, Plan
+    from teraio._lib import TeraioError
+    parallel, _, offloaded = runs
+    tr = Trace.load(str(offloaded / "metrics" / "trace-rank0.tio"))
+    lt = Lifetime(tr)
+    assert lt.max_active_bytes <= lt.floor_bytes < lt.peak_bytes * CAPACITY[parallel]
+    if parallel == "fsdp":
+        assert lt.floor_bytes > lt.max_active_bytes * 1.2
+    says = "held there by tensors with no later use" if parallel == "fsdp" else "working-set floor"
+    with pytest.raises(TeraioError, match=says):
+        Plan.build(tr, lt, lt.floor_bytes - 1, 2.0, 1.5)
+    assert Plan.build(tr, lt, lt.floor_bytes, 2.0, 1.5).fits

@@ -55,7 +55,7 @@ def run_a(args) -> dict:
             trace = prof.save(os.path.join(args.out, "trace_a.tio"))
             lt = Lifetime(trace)
             curve = lt.memory_curve()
-            peak, floor = lt.peak_bytes, lt.max_active_bytes
+            peak, floor = lt.peak_bytes, lt.floor_bytes
             del loss
             rss_reset = reset_peak_rss()
     steady = times[2:]
@@ -227,8 +227,8 @@ def run_s(args) -> dict:
         capacity = int(args.peak_bytes * share)
         row = {"share": share, "capacity_bytes": capacity, "first_iteration": len(losses)}
         rows.append(row)
-        if capacity < lt.max_active_bytes:
-            row["skipped"] = f"below the working-set floor of {lt.max_active_bytes} bytes"
+        if capacity < lt.floor_bytes:
+            row["skipped"] = f"below the working-set floor of {lt.floor_bytes} bytes"
             continue
         plans["R"] = plan_for(capacity)
         times = {k: [] for k in SWEEP_PHASES}
@@ -263,7 +263,7 @@ def run_s(args) -> dict:
                                     row["iter_time_s"], gbps)
     backend = engine.backend
     engine.close()
-    return {"rows": rows, "losses": losses, "peak_bytes": lt.peak_bytes, "floor_bytes": lt.max_active_bytes,
+    return {"rows": rows, "losses": losses, "peak_bytes": lt.peak_bytes, "floor_bytes": lt.floor_bytes,
             "ssd_read_gbps": gbps[0], "ssd_write_gbps": gbps[1], "backend": backend}
 
 

@@ -92,7 +92,7 @@ def run_compiled_teraio(args, job, helpers, ssd_dirs: list[str]) -> dict:
             "times": times, "iter_time_s": sum(steady) / len(steady), "rss_peak_bytes": rss_peak,
             "rss_peak_reset": rss_reset, "stats": report, "backend": backend, "backend_reason": reason,
             "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps, "capacity_bytes": plan.capacity_bytes,
-            "peak_bytes": lt.peak_bytes, "floor_bytes": lt.max_active_bytes, "memory_curve": lt.memory_curve(),
+            "peak_bytes": lt.peak_bytes, "floor_bytes": lt.floor_bytes, "memory_curve": lt.memory_curve(),
             "n_kernels": trace.n_kernels, "planned_curve": plan.planned_curve(), "measured_curve": curve,
             "plan": {"migrations": plan.n_migrations, "planned_peak_bytes": plan.planned_peak_bytes,
                      "fits": bool(plan.fits), "bytes_to_ssd": plan.bytes_to_ssd,

@@ -202,7 +202,7 @@ class StepPlan:
         p = self.plan
         return {"graphs": len(set(self.sequence)), "regions": len(self.sequence),
                 "kernels": self.trace.n_kernels, "peak_bytes": self.lifetime.peak_bytes,
-                "working_set_floor_bytes": self.lifetime.max_active_bytes,
+                "working_set_floor_bytes": self.lifetime.floor_bytes,
                 "capacity_bytes": self.capacity_bytes, "planned_peak_bytes": p.planned_peak_bytes,
                 "fits": bool(p.fits) and self.expected_peak() <= self.capacity_bytes,
                 "expected_peak_bytes": self.expected_peak(), "regions_measured_on_code": self.code_measured,

@@ -93,7 +93,7 @@ class _Entry:
         p = self.plan
         return {"fingerprint": f"{self.fingerprint & (2**64 - 1):016x}",
                 "kernels": self.trace.n_kernels, "peak_bytes": self.lifetime.peak_bytes,
-                "working_set_floor_bytes": self.lifetime.max_active_bytes,
+                "working_set_floor_bytes": self.lifetime.floor_bytes,
                 "capacity_bytes": self.capacity_bytes, "planned_peak_bytes": p.planned_peak_bytes,
                 "fits": bool(p.fits), "migrations": p.n_migrations, "bytes_to_ssd": p.bytes_to_ssd,
                 "bytes_to_host": p.bytes_to_host, "plan_seconds": p.plan_seconds,
