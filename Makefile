@@ -43,8 +43,9 @@ test-tsan: deps
 	@cmake --build build-tsan -j $(JOBS)
 	TIO_SOAK_SCALE=small ctest --test-dir build-tsan --output-on-failure -R '$(TSAN_TESTS)'
 
+# The fuzz build is also the build without CUDA support (TIO_CUDA=OFF).
 test-fuzz: deps
-	@CC=clang CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON >/dev/null
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON -DTIO_CUDA=OFF >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
 	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS)
 

@@ -124,7 +124,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.steps < 5:
         ap.error("--steps must be >= 5")
-    from teraio.demo import Job, setup_process
+    from teraio.demo.job import Job, setup_process
     setup_process()
     import torch
     torch.set_num_threads(a.threads)

@@ -17,7 +17,7 @@ struct subcommand {
 static const struct subcommand commands[] = {
     {"version", cmd_version, "version                 print the version and compiled-in features"},
     {"analyze", cmd_analyze, "analyze TRACE [--ssd-read-gbps R --ssd-write-gbps W] [--json]  inactive periods, memory curve, paper statistics"},
-    {"eval", cmd_eval, "eval paper [--json] [--svg DIR] | eval trace TRACE --hw PROFILE | eval demo SUMMARY  simulate offloading strategies"},
+    {"eval", cmd_eval, "eval paper --traces DIR [--json] [--svg DIR] | eval trace TRACE --hw PROFILE  simulate offloading strategies"},
     {"plan", cmd_plan, "plan TRACE --capacity BYTES [--ssd-read-gbps R] [--ssd-write-gbps W] [--host-cap BYTES] -o PLAN"},
     {"bench", cmd_bench, "bench io [--dir DIR ...] [--size BYTES] [--bs BYTES] [--qd N] [--runs N] [--json]  engine vs fio"},
     {"data", cmd_data, "data inspect DIR | data ingest SRC OUT [--tokenizer SPEC] | data bench DIR [--seq-len N] [--json]  the data loader"},

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,17 +17,29 @@ from .runs import run_a, run_b, run_s, sweep_iterations
 # ----------------------------------------------------------------- parent ---
 
 def child(role: str, args, extra: list[str]) -> dict:
-    """Run one side of the comparison in its own process, with the same
-    settings as this one."""
+    """Run one side of the comparison in its own process (a fresh interpreter,
+    multiprocessing's spawn, so each run's memory is measured apart), with the
+    same settings as this one."""
+    import multiprocessing
     out = os.path.join(args.out, f"run_{role.lower()}.json")
-    cmd = [sys.executable, "-m", "teraio.demo", *args.argv, "--out", args.out, "--child", role, *extra]
     if os.path.exists(out):
         os.unlink(out)
-    rc = subprocess.call(cmd)
+    p = multiprocessing.get_context("spawn").Process(
+        target=_child_main, args=([*args.argv, "--out", args.out, "--child", role, *extra],))
+    p.start()
+    p.join()
+    rc = p.exitcode
+    if rc is not None and rc < 0:
+        import signal
+        sys.stderr.write(f"teraio demo: run {role} died of {signal.Signals(-rc).name}\n")
     if rc != 0 or not os.path.exists(out):
-        raise SystemExit(rc or 1)
+        raise SystemExit(1 if not rc or rc < 0 else rc)
     with open(out) as f:
         return json.load(f)
+
+
+def _child_main(argv: list[str]) -> None:
+    sys.exit(main(argv))
 
 
 def check_dirs(args) -> str | None:
