@@ -108,11 +108,11 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
                             "the working-set floor: no plan fits below it",
                             tio_format_bytes(opt->capacity_bytes, cap), k, trace->kernels[k].name,
                             tio_format_bytes(lt->floor_bytes, need));
-        return tio_fail(TIO_EINFEASIBLE, "capacity %s is below the working-set floor of %s at "
-                        "kernel %u (%s): what it accesses and %s held there by tensors with no "
-                        "later use before they are freed; no plan fits below it",
-                        tio_format_bytes(opt->capacity_bytes, cap),
-                        tio_format_bytes(lt->floor_bytes, need), k, trace->kernels[k].name,
+        return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, the "
+                        "working-set floor: what it accesses and %s held there by tensors with "
+                        "no later use before they are freed; no plan fits below it",
+                        tio_format_bytes(opt->capacity_bytes, cap), k, trace->kernels[k].name,
+                        tio_format_bytes(lt->floor_bytes, need),
                         tio_format_bytes(lt->floor_held_bytes, held));
     }
     return 0;
