@@ -493,6 +493,10 @@ def train(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    watchdog = os.environ.get("TERAIO_TRAIN_WATCHDOG_S")
+    if watchdog:                   # tests: a hung rank prints its Python stacks and exits
+        import faulthandler
+        faulthandler.dump_traceback_later(float(watchdog), exit=True)
     try:
         return train(args)
     except TeraioError as e:       # bad data, state or settings: one line, not a traceback

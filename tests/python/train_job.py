@@ -50,12 +50,18 @@ def torchrun(nproc, *args, tmp, expect_rc=0, env=None, nnodes_args=None):
     tmp.mkdir(parents=True, exist_ok=True)
     # torchelastic leaves its scratch folders in TMPDIR: keep them in the test's
     # faulthandler: a worker that dies of a signal prints its Python stacks
+    # TERAIO_TRAIN_WATCHDOG_S: a rank still running after 240 s prints its Python stacks
+    # and exits, so a hang shows where it is before the 300 s timeout
     full_env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), PYTHONFAULTHANDLER="1",
-                    **(env or {}))
+                    TERAIO_TRAIN_WATCHDOG_S="240", **(env or {}))
     launch = nnodes_args if nnodes_args is not None else ["--standalone"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *launch,
            str(EXAMPLE), *map(str, args)]
-    r = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300)
+    try:
+        r = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        raise AssertionError(f"torchrun timed out after 300 s: {cmd}\n{err[-12000:]}") from None
     if expect_rc is not None:
         assert (r.returncode == 0) == (expect_rc == 0), (r.returncode, r.stdout[-2000:],
                                                          r.stderr[-12000:])
