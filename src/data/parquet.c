@@ -30,6 +30,7 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static const tio_pq_api *api;
 static char why[1024];
 
+#if TIO_HAVE_PARQUET
 /* Try one candidate path; true once the shim is loaded. */
 static bool try_load(const char *path)
 {
@@ -50,6 +51,7 @@ static bool try_load(const char *path)
     api = a;
     return true;
 }
+#endif
 
 /* $TERAIO_PARQUET_LIBRARY, else libteraio_parquet.so beside the object this
  * code is in (libteraio.so, or a program linked with the static library

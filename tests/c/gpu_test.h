@@ -62,7 +62,7 @@ static struct {
     void (*get_stats)(standin_cufile_stats *out);
 } cufile;
 
-static char g_root[PATH_MAX], g_dir[2][PATH_MAX + 8];
+static char g_root[PATH_MAX], g_dir[2][PATH_MAX + 16];
 
 static inline void *standin_sym(void *h, const char *name)
 {

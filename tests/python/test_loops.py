@@ -166,6 +166,8 @@ def test_offload_call_refuses_bad_use(ssd_dir):
                               ({"capacity": 1.5}, ValueError, "share of the peak must be in (0, 1]"),
                               ({"capacity": "half"}, TypeError, "capacity must be bytes"),
                               ({"capacity": 0.5, "ssd": []}, ValueError, "one or more directories"),
+                                  ({"capacity": 0.5, "ssd": [ssd_dir + "/nope"]}, ValueError,
+                                   "nope' does not exist"),
                               ({"capacity": 0.5, "max_plans": 0}, ValueError, "max_plans must be")]:
         kwargs.setdefault("ssd", [ssd_dir])
         with pytest.raises(err, match=says.replace("(", r"\(").replace(")", r"\)")):

@@ -632,6 +632,7 @@ class CompiledOffload:
             out["ssd_read_gbps"], out["ssd_write_gbps"] = self._gbps
         if self._engine is not None:
             out["backend"] = self._engine.backend
+        out["capacity_bytes"] = out["plans"][-1]["capacity_bytes"] if out["plans"] else None
         return out
 
     def close(self) -> None:

@@ -202,6 +202,8 @@ class Offload:
             out["ssd_read_gbps"], out["ssd_write_gbps"] = self._gbps
         if self._engine is not None:
             out["backend"] = self._engine.backend
+        # the capacity of the plan in use (the last made), beside the measured peak
+        out["capacity_bytes"] = out["plans"][-1]["capacity_bytes"] if out["plans"] else None
         out.update(s)
         out["stall_s"] = s["stall_ns"] / 1e9
         return out
@@ -393,7 +395,12 @@ def offload(model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *, c
     teraio's backend) and the migrations are calls in the compiled program
     instead of a dispatch mode: a
     :class:`teraio.torch.compile.CompiledOffload` (docs/compile.md), with
-    the same options and methods."""
+    the same options and methods.  The directories must exist (checked
+    here, not when the first plan is made)."""
+    for d in ssd_dirs(ssd):
+        if not os.path.isdir(d):
+            raise ValueError(f"teraio.torch.offload: ssd directory '{d}' does not exist or is not a "
+                             f"directory")
     if compile:
         from .compile import CompiledOffload
         return CompiledOffload(model, optimizer, capacity, ssd, **options)
