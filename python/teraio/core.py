@@ -7,6 +7,7 @@ re-implemented here.
 from __future__ import annotations
 
 import ctypes
+import numbers
 import os
 import time
 from typing import Iterable, Sequence
@@ -19,6 +20,10 @@ KINDS = {"parameter": 0, "gradient": 1, "optimizer_state": 2, "activation": 3, "
 def _u64(what: str, value, least: int = 0) -> int:
     """`value` as an integer in [least, 2^64): ctypes would silently wrap a
     negative or too large one (a capacity of -1 became 2^64 - 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
+    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+        raise ValueError(f"{what} must be an integer in [{least}, 2^64), got {value!r}")
     v = int(value)
     if v != value or not least <= v < 1 << 64:
         raise ValueError(f"{what} must be an integer in [{least}, 2^64), got {value!r}")

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "teraio/teraio.h"
@@ -169,6 +170,10 @@ static int parse_args(int argc, char **argv, plan_args *a)
         return usage_error("missing --capacity BYTES (or --hw PROFILE)");
     if (!a->out_path)
         return usage_error("missing -o PLAN");
+    struct stat in, out;
+    if (stat(a->trace_path, &in) == 0 && stat(a->out_path, &out) == 0 && in.st_dev == out.st_dev &&
+        in.st_ino == out.st_ino)
+        return usage_error("-o %s is the trace itself: the plan would overwrite it", a->out_path);
     return 0;
 }
 

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,16 +104,20 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
     if (opt->capacity_bytes < lt->floor_bytes) {
         uint32_t k = lt->floor_kernel;
         char cap[32], need[32], held[32];
+        tio_format_bytes(opt->capacity_bytes, cap);
+        tio_format_bytes(lt->floor_bytes, need);
+        if (!strcmp(cap, need)) { /* rounded alike: the exact counts */
+            snprintf(cap, sizeof cap, "%llu B", (unsigned long long)opt->capacity_bytes);
+            snprintf(need, sizeof need, "%llu B", (unsigned long long)lt->floor_bytes);
+        }
         if (lt->floor_held_bytes == 0)
             return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, "
                             "the working-set floor: no plan fits below it",
-                            tio_format_bytes(opt->capacity_bytes, cap), k, trace->kernels[k].name,
-                            tio_format_bytes(lt->floor_bytes, need));
+                            cap, k, trace->kernels[k].name, need);
         return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, the "
                         "working-set floor: what it accesses and %s held there by tensors with "
                         "no later use before they are freed; no plan fits below it",
-                        tio_format_bytes(opt->capacity_bytes, cap), k, trace->kernels[k].name,
-                        tio_format_bytes(lt->floor_bytes, need),
+                        cap, k, trace->kernels[k].name, need,
                         tio_format_bytes(lt->floor_held_bytes, held));
     }
     return 0;

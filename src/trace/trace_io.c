@@ -227,9 +227,10 @@ static int parse_header(parser *p)
     size_t len = 0;
     uint64_t version;
     if (!next_line(s))
-        return fail_eof(s, "header", "'" TRACE_MAGIC " 1'");
+        return fail_eof(s, "header", "'" TRACE_MAGIC " 1' or '" TRACE_MAGIC " 2'");
     if (!next_token(s, &tok, &len) || !token_is(tok, len, TRACE_MAGIC))
-        return fail_got(s, TIO_EPARSE, "header", "'" TRACE_MAGIC " 1'", tok, len);
+        return fail_got(s, TIO_EPARSE, "header", "'" TRACE_MAGIC " 1' or '" TRACE_MAGIC " 2'", tok,
+                        len);
     int rc = need_uint(s, "version", UINT32_MAX, &version);
     if (rc)
         return rc;

@@ -393,7 +393,7 @@ static void test_parse_errors(void **state)
     expect_error(strdup("teraio-trace 1\ncounts 1 1 1\ntensor 0 8 activation"), TIO_EPARSE,
                  "t.tio:3: field 'scope': expected 'global' or 'intermediate', got end of line");
     expect_error(strdup(""), TIO_EPARSE,
-                 "t.tio:1: field 'header': expected 'teraio-trace 1', got end of file");
+                 "t.tio:1: field 'header': expected 'teraio-trace 1' or 'teraio-trace 2', got end of file");
     expect_error(example_edit(7, "tensor 1 41943x4 optimizer_state global\n", N_LINES), TIO_EPARSE,
                  "t.tio:7: field 'bytes': expected an unsigned integer, got '41943x4'");
     expect_error(example_edit(7, "tensor 1 18446744073709551616 parameter global\n", N_LINES),
@@ -417,7 +417,7 @@ static void test_parse_errors(void **state)
     expect_error(example_edit(1, "teraio-trace one\n", N_LINES), TIO_EPARSE,
                  "t.tio:1: field 'version': expected an unsigned integer, got 'one'");
     expect_error(example_edit(1, "teraio-plan 1\n", N_LINES), TIO_EPARSE,
-                 "t.tio:1: field 'header': expected 'teraio-trace 1', got 'teraio-plan'");
+                 "t.tio:1: field 'header': expected 'teraio-trace 1' or 'teraio-trace 2', got 'teraio-plan'");
     /* Kernel 3 missing: kernel 4 comes where kernel 3 should. */
     expect_error(example_edit(14, NULL, N_LINES), TIO_EPARSE,
                  "t.tio:14: field 'index': expected 3 (indices are sequential), got '4'");
@@ -594,7 +594,7 @@ static void test_special_paths(void **state)
     assert_int_equal(tio_trace_load("/proc/self/status", &back), TIO_EPARSE);
     assert_null(back);
     assert_string_equal(tio_last_error(), "/proc/self/status:1: field 'header': expected "
-                                          "'teraio-trace 1', got 'Name:'");
+                                          "'teraio-trace 1' or 'teraio-trace 2', got 'Name:'");
 
     unlink(fifo);
     unlink(file);

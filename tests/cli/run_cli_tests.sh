@@ -156,6 +156,24 @@ else
 fi
 expect_status "plan: capacity too small exits 1" 1 \
   "$teraio" plan "$work/plan.tio" --capacity 2000 -o "$work/small.plan"
+# one byte under the floor (2500 B): the rounded sizes would read alike, the exact ones show
+expect_one_line_error "plan: one byte under the floor" \
+  "$teraio" plan "$work/plan.tio" --capacity 2499 -o "$work/small.plan"
+if grep -q "capacity 2499 B is below kernel 6 (bwd.mm1)'s need of 2500 B" "$work/stderr"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: plan: one byte under the floor does not give the exact sizes" >&2
+fi
+cp "$work/plan.tio" "$work/self.tio"
+expect_one_line_error "plan: -o the trace itself" \
+  "$teraio" plan "$work/self.tio" --capacity 4000 -o "$work/self.tio"
+if cmp -s "$work/plan.tio" "$work/self.tio"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: plan -o onto its own trace changed the trace" >&2
+fi
 expect_one_line_error "plan: does not fit (alg1)" "$teraio" plan "$work/plan.tio" --capacity 4500 \
   --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner alg1 --no-synchronous-moves -o "$work/nofit.plan"
 if [ -s "$work/nofit.plan" ]; then

@@ -61,14 +61,29 @@ _SUMS = ("bytes_offloaded", "bytes_offloaded_ssd", "bytes_offloaded_host", "byte
 _MAXES = ("peak_resident_bytes", "over_capacity_bytes_max")
 
 
+def _env_rank(name: str) -> int:
+    """torchrun's RANK or LOCAL_RANK (0 when unset), a non-negative integer."""
+    v = os.environ.get(name, "0")
+    try:
+        r = int(v)
+    except ValueError:
+        r = -1
+    if r < 0:
+        raise ValueError(f"environment variable {name}={v!r} is not a rank (an integer >= 0)")
+    return r
+
+
 def ssd_dirs(ssd) -> list[str]:
     """This process's SSD directories from ``ssd``: a list of directories, one directory,
     or one list per local rank (torchrun's LOCAL_RANK picks one); ``{rank}`` and
     ``{local_rank}`` in a directory become this process's RANK and LOCAL_RANK (0 without
     torchrun), so ``"/mnt/nvme{local_rank}/teraio"`` gives each GPU of a node its own SSD."""
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, local_rank = _env_rank("RANK"), _env_rank("LOCAL_RANK")
     if isinstance(ssd, (str, bytes, os.PathLike)):
         ssd = [ssd]
+    if ssd is not None and not isinstance(ssd, (list, tuple)):
+        raise TypeError(f"ssd must be a directory, a list of them or one list per local rank, "
+                        f"got {type(ssd).__name__}")
     ssd = list(ssd or [])
     if ssd and all(isinstance(d, (list, tuple)) for d in ssd):
         if local_rank >= len(ssd):
@@ -112,8 +127,8 @@ class Offload:
             raise TypeError(f"capacity must be bytes (int) or a share of the peak (float), got {capacity!r}")
         if isinstance(capacity, float) and not 0 < capacity <= 1:
             raise ValueError(f"capacity as a share of the peak must be in (0, 1], got {capacity}")
-        if isinstance(capacity, int) and capacity <= 0:
-            raise ValueError(f"capacity must be > 0 bytes, got {capacity}")
+        if isinstance(capacity, int) and not 0 < capacity < 2**64:
+            raise ValueError(f"capacity must be > 0 bytes and < 2^64, got {capacity}")
         ssd = ssd_dirs(ssd)
         for what, v, lo in (("profile_iterations", profile_iterations, 1), ("reprofile_after", reprofile_after, 1),
                             ("max_plans", max_plans, 1)):
@@ -397,6 +412,11 @@ def offload(model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *, c
     :class:`teraio.torch.compile.CompiledOffload` (docs/compile.md), with
     the same options and methods.  The directories must exist (checked
     here, not when the first plan is made)."""
+    for name in ("host_cap_bytes", "space_bytes"):
+        v = options.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64):
+            raise ValueError(f"teraio.torch.offload: {name} must be bytes, an integer in [0, 2^64), "
+                             f"got {v!r}")
     for d in ssd_dirs(ssd):
         if not os.path.isdir(d):
             raise ValueError(f"teraio.torch.offload: ssd directory '{d}' does not exist or is not a "
