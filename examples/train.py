@@ -488,6 +488,11 @@ def train(args) -> int:
                          f"{mib(s['bytes_prefetched'])}, stalls {s['stalls']}")
     ds.close()
     dist.destroy_process_group()
+    # Keep the model (DDP's Reducer holds the last reference to the process group) alive
+    # until exit_now: freeing it here destroys ProcessGroupGloo in this thread, holding the
+    # GIL, while a gloo thread that holds the group's lock waits for the GIL to free a
+    # finished gather's tensors: a deadlock (seen here, 1 in about 12 DDP runs).
+    _KEEP_ALIVE.extend([model, optimizer, off])
     return 0
 
 
@@ -505,6 +510,9 @@ def main(argv=None) -> int:
         if not str(e).startswith("teraio.torch.offload:"):
             raise
         raise SystemExit(f"train.py: {e}") from None
+
+
+_KEEP_ALIVE: list = []   # objects whose destruction must wait for exit_now (train's end)
 
 
 def exit_now(rc: int) -> None:
