@@ -78,6 +78,7 @@ from ._compile_graph import GraphInfo
 from ._compile_plan import StepPlan, with_extra
 from ._compile_profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
 from .offload import OffloadRuntime, _Guard
+from .session import _PlanInUse
 
 log = logging.getLogger("teraio")
 
@@ -170,7 +171,7 @@ class _GraphRuntime(OffloadRuntime):
         return self._bind(i, st)
 
 
-class CompiledOffload:
+class CompiledOffload(_PlanInUse):
     """A compiled training job's offloading: profile, plan, run, re-plan
     (module text).  The options are teraio.torch.offload's:
     ``capacity`` bytes (int) or a share of the profiled peak (float in
@@ -574,27 +575,8 @@ class CompiledOffload:
         to `curve` (left empty if that step does not follow its plan)."""
         self._curve = curve
 
-    @property
-    def plan(self) -> Plan | None:
-        return self._entry.plan if self._entry else None
-
-    @property
-    def trace(self) -> Trace | None:
-        return self._entry.trace if self._entry else None
-
-    @property
-    def lifetime(self) -> Lifetime | None:
-        return self._entry.lifetime if self._entry else None
-
-    @property
-    def ssd_gbps(self) -> tuple[float, float] | None:
-        """(read, write) GB/s the planner was given (measured by the engine
-        unless ssd_gbps was)."""
-        return self._gbps
-
-    @property
-    def engine(self) -> Engine | None:
-        return self._engine
+    def _in_use(self):
+        return self._entry
 
     @property
     def runtime(self) -> OffloadRuntime | None:
@@ -628,12 +610,7 @@ class CompiledOffload:
                     "unplannable": list(self._unplannable.values()), "ssd_dirs": self.ssd,
                     "peak_resident_bytes": self._peak, "over_capacity_kernels": self._over[0],
                     "over_capacity_bytes_max": self._over[1], "stall_s": out.get("stall_ns", 0) / 1e9})
-        if self._gbps:
-            out["ssd_read_gbps"], out["ssd_write_gbps"] = self._gbps
-        if self._engine is not None:
-            out["backend"] = self._engine.backend
-        out["capacity_bytes"] = out["plans"][-1]["capacity_bytes"] if out["plans"] else None
-        return out
+        return self._report_io(out)
 
     def close(self) -> None:
         """Bring everything back and release the engine and its files."""

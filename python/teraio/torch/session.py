@@ -115,7 +115,56 @@ class _Entry:
                 "iterations": self.iterations}
 
 
-class Offload:
+class _PlanInUse:
+    """What both sessions (Offload here, teraio.torch.compile.CompiledOffload)
+    show of the plan their steps run.  A subclass sets ``_engine`` and
+    ``_gbps`` and gives ``_in_use()``: the entry (trace, lifetime, plan) of
+    the plan in use, None while profiling."""
+
+    _engine: Engine | None = None
+    _gbps: tuple[float, float] | None = None
+
+    def _in_use(self):
+        raise NotImplementedError
+
+    @property
+    def trace(self):
+        """The trace of the plan in use (None while profiling)."""
+        e = self._in_use()
+        return e.trace if e else None
+
+    @property
+    def lifetime(self) -> Lifetime | None:
+        e = self._in_use()
+        return e.lifetime if e else None
+
+    @property
+    def plan(self) -> Plan | None:
+        e = self._in_use()
+        return e.plan if e else None
+
+    @property
+    def engine(self) -> Engine | None:
+        return self._engine
+
+    @property
+    def ssd_gbps(self) -> tuple[float, float] | None:
+        """(read, write) GB/s the planner was given: the engine's measurement
+        unless ssd_gbps was given (None before the first plan)."""
+        return self._gbps
+
+    def _report_io(self, out: dict) -> dict:
+        """`out` with the SSD bandwidths, the engine's backend and the
+        capacity of the plan in use (the last made), beside the measured peak."""
+        if self._gbps:
+            out["ssd_read_gbps"], out["ssd_write_gbps"] = self._gbps
+        if self._engine is not None:
+            out["backend"] = self._engine.backend
+        out["capacity_bytes"] = out["plans"][-1]["capacity_bytes"] if out["plans"] else None
+        return out
+
+
+class Offload(_PlanInUse):
     """A training job's offloading: profile, plan, run, re-plan.  Made by
     :func:`offload`; see the module text."""
 
@@ -172,27 +221,8 @@ class Offload:
         profiling)."""
         return self._rt
 
-    @property
-    def trace(self):
-        """The trace of the plan in use (None while profiling)."""
-        return self._rt_entry.trace if self._rt_entry else None
-
-    @property
-    def lifetime(self) -> Lifetime | None:
-        return self._rt_entry.lifetime if self._rt_entry else None
-
-    @property
-    def plan(self) -> Plan | None:
-        return self._rt_entry.plan if self._rt_entry else None
-
-    @property
-    def engine(self) -> Engine | None:
-        return self._engine
-
-    @property
-    def ssd_gbps(self) -> tuple[float, float] | None:
-        """(read, write) GB/s the engine measured (None before the first plan)."""
-        return self._gbps
+    def _in_use(self):
+        return self._rt_entry
 
     def fetch_all(self) -> None:
         """Bring every offloaded tensor back now."""
@@ -213,15 +243,9 @@ class Offload:
                "plans": [e.describe() for e in self._plans.values()],
                "unplannable": {f"{fp & (2**64 - 1):016x}": why for fp, why in self._unplannable.items()},
                "ssd_dirs": self.ssd}
-        if self._gbps:
-            out["ssd_read_gbps"], out["ssd_write_gbps"] = self._gbps
-        if self._engine is not None:
-            out["backend"] = self._engine.backend
-        # the capacity of the plan in use (the last made), beside the measured peak
-        out["capacity_bytes"] = out["plans"][-1]["capacity_bytes"] if out["plans"] else None
         out.update(s)
         out["stall_s"] = s["stall_ns"] / 1e9
-        return out
+        return self._report_io(out)
 
     def close(self) -> None:
         """Bring everything back and release the engine and its files."""
