@@ -56,6 +56,18 @@ expect_status() {
   fi
 }
 
+# Passes when the command (a check on files the previous commands wrote) succeeds.
+expect_true() {
+  local what=$1
+  shift
+  if "$@"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $what" >&2
+  fi
+}
+
 # --- teraio (dispatch) ---------------------------------------------------
 expect_one_line_error "unknown command" "$teraio" no-such-command
 expect_one_line_error "version: an argument" "$teraio" version extra
@@ -99,12 +111,8 @@ mkfifo "$work/fifo.tio"
 expect_one_line_error "analyze: a FIFO" timeout 10 "$teraio" analyze "$work/fifo.tio"
 # /proc files report 0 bytes: the error is about their text, not "end of file".
 expect_one_line_error "analyze: a /proc file" "$teraio" analyze /proc/self/status
-if grep -q "got 'Name:'" "$work/stderr"; then
-  passed=$((passed + 1))
-else
-  failed=$((failed + 1))
-  echo "FAIL: analyze: a /proc file is read past its reported size of 0" >&2
-fi
+expect_true "analyze: a /proc file is read past its reported size of 0" \
+  grep -q "got 'Name:'" "$work/stderr"
 expect_status "analyze: --ssd-read-gbps=R" 0 "$teraio" analyze "$work/good.tio" --ssd-read-gbps=3
 expect_one_line_error "analyze: hex bandwidth" "$teraio" analyze "$work/good.tio" --ssd-read-gbps 0x10
 expect_one_line_error "analyze: empty bandwidth" "$teraio" analyze "$work/good.tio" --ssd-write-gbps=
@@ -148,32 +156,19 @@ expect_status "plan: fits" 0 "$teraio" plan "$work/plan.tio" --capacity 4000 \
 expect_status "plan --help" 0 "$teraio" plan --help
 expect_one_line_error "plan: capacity below a kernel's need" \
   "$teraio" plan "$work/plan.tio" --capacity 2000 -o "$work/small.plan"
-if grep -q "below kernel 6 (bwd.mm1)'s need of 2.44 KiB" "$work/stderr"; then
-  passed=$((passed + 1))
-else
-  failed=$((failed + 1))
-  echo "FAIL: plan: capacity error does not name kernel 6 (bwd.mm1) and its need" >&2
-fi
+expect_true "plan: capacity error does not name kernel 6 (bwd.mm1) and its need" \
+  grep -q "below kernel 6 (bwd.mm1)'s need of 2.44 KiB" "$work/stderr"
 expect_status "plan: capacity too small exits 1" 1 \
   "$teraio" plan "$work/plan.tio" --capacity 2000 -o "$work/small.plan"
 # one byte under the floor (2500 B): the rounded sizes would read alike, the exact ones show
 expect_one_line_error "plan: one byte under the floor" \
   "$teraio" plan "$work/plan.tio" --capacity 2499 -o "$work/small.plan"
-if grep -q "capacity 2499 B is below kernel 6 (bwd.mm1)'s need of 2500 B" "$work/stderr"; then
-  passed=$((passed + 1))
-else
-  failed=$((failed + 1))
-  echo "FAIL: plan: one byte under the floor does not give the exact sizes" >&2
-fi
+expect_true "plan: one byte under the floor does not give the exact sizes" \
+  grep -q "capacity 2499 B is below kernel 6 (bwd.mm1)'s need of 2500 B" "$work/stderr"
 cp "$work/plan.tio" "$work/self.tio"
 expect_one_line_error "plan: -o the trace itself" \
   "$teraio" plan "$work/self.tio" --capacity 4000 -o "$work/self.tio"
-if cmp -s "$work/plan.tio" "$work/self.tio"; then
-  passed=$((passed + 1))
-else
-  failed=$((failed + 1))
-  echo "FAIL: plan -o onto its own trace changed the trace" >&2
-fi
+expect_true "plan -o onto its own trace changed the trace" cmp -s "$work/plan.tio" "$work/self.tio"
 expect_one_line_error "plan: does not fit (alg1)" "$teraio" plan "$work/plan.tio" --capacity 4500 \
   --ssd-read-gbps 0.25 --ssd-write-gbps 1 --planner alg1 --no-synchronous-moves -o "$work/nofit.plan"
 if [ -s "$work/nofit.plan" ]; then
@@ -225,12 +220,8 @@ expect_one_line_error "plan: unwritable output" \
 for cap in 9007199254740993 18446744073709551615; do
   expect_status "plan: --capacity $cap" 0 "$teraio" plan "$work/plan.tio" --capacity "$cap" \
     -o "$work/cap.plan"
-  if grep -qx "kernels 8 tensors 5 capacity $cap" "$work/cap.plan"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: plan: --capacity $cap not kept exactly" >&2
-  fi
+  expect_true "plan: --capacity $cap not kept exactly" \
+    grep -qx "kernels 8 tensors 5 capacity $cap" "$work/cap.plan"
 done
 expect_status "plan: --capacity 1.5e4" 0 "$teraio" plan "$work/plan.tio" --capacity 1.5e4 -o "$work/cap.plan"
 grep -qx "kernels 8 tensors 5 capacity 15000" "$work/cap.plan" && passed=$((passed + 1)) ||
@@ -364,12 +355,8 @@ expect_one_line_error "eval paper: --alg1-seconds not a number" "$teraio" eval p
 cp "$work/ok.conf" "$work/suite/hw.conf"
 expect_status "eval paper: a small suite" 0 "$teraio" eval paper --traces "$work/suite" --json
 "$teraio" eval paper --traces "$work/suite" --json --alg1-seconds 0 >"$work/suite.json" 2>/dev/null || true
-if grep -q '"fidelity"' "$work/suite.json" && grep -q '"trace": "t.tio"' "$work/suite.json"; then
-  passed=$((passed + 1))
-else
-  failed=$((failed + 1))
-  echo "FAIL: eval paper --json: no fidelity table or trace names" >&2
-fi
+expect_true "eval paper --json: no fidelity table" grep -q '"fidelity"' "$work/suite.json"
+expect_true "eval paper --json: no trace names" grep -q '"trace": "t.tio"' "$work/suite.json"
 printf 'teraio-suite 1\nhw cli-test\nconfig tiny 4 8 1 1 125.0 ../plan.tio\n' >"$work/suite/suite.txt"
 expect_one_line_error "eval paper: a trace outside the suite" "$teraio" eval paper --traces "$work/suite"
 expect_one_line_error "eval trace: no --hw" "$teraio" eval trace "$work/plan.tio"
