@@ -213,6 +213,10 @@ TIO_API void tio_engine_gpu_get_stats(const tio_engine *engine, tio_engine_gpu_s
  * Returns 0, -EINVAL (no GPU attached, bytes 0), or cuFile's error mapped
  * to -errno (message names the cuFile code). */
 TIO_API int tio_engine_gpu_register_buffer(tio_engine *engine, void *dev, uint64_t bytes);
+/* Undo tio_engine_gpu_register_buffer for `dev` (cuFileBufDeregister), before
+ * the buffer is freed; without the cufile path a no-op.  Returns 0, -EINVAL
+ * (no GPU attached), or cuFile's error mapped to -errno (a `dev` that was not
+ * registered is cuFile's error too). */
 TIO_API int tio_engine_gpu_unregister_buffer(tio_engine *engine, void *dev);
 
 /* Copy `bytes` between any two addresses the caller can name, host or

@@ -61,9 +61,9 @@ typedef struct tio_lifetime {
                                     until it is freed (free records of trace v2), a
                                     global tensor no kernel accesses.  No plan goes
                                     below it; >= max_active_bytes. */
-    uint32_t floor_kernel;       /* first k where the floor is reached */
-    uint64_t floor_held_bytes;   /* of floor_bytes, what kernel floor_kernel does not
-                                    access (held without a later use) */
+    uint32_t floor_kernel;       /* first k where the floor is reached; what is held
+                                    there without a later use is floor_bytes -
+                                    active_bytes[floor_kernel] */
 } tio_lifetime;
 
 /* Analyse a valid trace.  Returns 0, TIO_EPARSE (trace fails validation),

@@ -197,7 +197,6 @@ static void compute_floor(tio_lifetime *lt, uint64_t *delta)
         if (k == 0 || rest > lt->floor_bytes) {
             lt->floor_bytes = rest;
             lt->floor_kernel = k;
-            lt->floor_held_bytes = rest - lt->active_bytes[k];
         }
     }
 }

@@ -110,7 +110,8 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
             snprintf(cap, sizeof cap, "%llu B", (unsigned long long)opt->capacity_bytes);
             snprintf(need, sizeof need, "%llu B", (unsigned long long)lt->floor_bytes);
         }
-        if (lt->floor_held_bytes == 0)
+        uint64_t held_bytes = lt->floor_bytes - lt->active_bytes[k];
+        if (held_bytes == 0)
             return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, "
                             "the working-set floor: no plan fits below it",
                             cap, k, trace->kernels[k].name, need);
@@ -118,7 +119,7 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
                         "working-set floor: what it accesses and %s held there by tensors with "
                         "no later use before they are freed; no plan fits below it",
                         cap, k, trace->kernels[k].name, need,
-                        tio_format_bytes(lt->floor_held_bytes, held));
+                        tio_format_bytes(held_bytes, held));
     }
     return 0;
 }
