@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "engine/engine_internal.h"
+#include "engine_create.h"
 #include "teraio/gpu.h"
 
 #define KIB 1024u
@@ -173,16 +174,7 @@ static inline tio_engine *gpu_engine(tio_backend backend, uint32_t n_dirs, uint6
     opt.backend = backend;
     if (request)
         opt.request_bytes = request;
-    tio_engine *e = NULL;
-    int rc = tio_engine_create_test(&opt, hooks, &e);
-    if (rc == -EPROTONOSUPPORT && backend == TIO_BACKEND_IO_URING) {
-        print_message("io_uring refused here, test skipped: %s\n", tio_last_error());
-        skip();
-    }
-    if (rc)
-        print_error("create: %s\n", tio_last_error());
-    assert_int_equal(rc, 0);
-    return e;
+    return engine_create_or_skip(&opt, hooks);
 }
 
 /* Attach with the given budget and chunk (0: defaults), staging only. */

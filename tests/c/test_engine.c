@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "engine/engine_internal.h"
+#include "engine_create.h"
 #include "teraio/engine.h"
 
 #define KIB 1024u
@@ -121,15 +122,7 @@ static tio_engine *make_engine(tio_backend backend, uint32_t n_dirs, uint64_t ca
         opt.queue_depth = queue_depth;
     opt.backend = backend;
     opt.checksum = !g_checksum_off;
-    tio_engine *e = NULL;
-    int rc = tio_engine_create_test(&opt, &g_hooks, &e);
-    if (rc == -EPROTONOSUPPORT && backend == TIO_BACKEND_IO_URING) {
-        print_message("io_uring refused here, test skipped: %s\n", tio_last_error());
-        skip();
-    }
-    if (rc)
-        print_error("create: %s\n", tio_last_error());
-    assert_int_equal(rc, 0);
+    tio_engine *e = engine_create_or_skip(&opt, &g_hooks);
     assert_int_equal(tio_engine_backend(e), backend);
     return e;
 }
