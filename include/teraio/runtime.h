@@ -195,6 +195,22 @@ TIO_API int tio_runtime_kernel_begin(tio_runtime *rt, uint32_t k, const char *na
  * tensor), -EPERM (another thread), or a negative I/O error. */
 TIO_API int tio_runtime_ensure_resident(tio_runtime *rt, uint32_t tensor, void **addr);
 
+/* Intermediate tensors still bound although the trace has them freed
+ * before kernel k begins (at their free_kernel, or right after their last
+ * access when the trace records no free).  Their memory counts in kernel
+ * k's window like any other, which the plan did not foresee.  A Python
+ * adapter mostly sees here a storage whose last reference another thread
+ * (a collective's worker) is about to drop once it gets the GIL: before
+ * kernel_begin(k) it can yield the GIL and unbind what died.
+ * Writes up to `cap` of their ids to `ids` (NULL allowed with cap 0), in no
+ * particular order.  Call with k not decreasing within an iteration (a
+ * smaller k than before reports the tensors of the larger one).  Costs the
+ * tensors whose end is new since the last call, plus those held.
+ * Returns how many there are (0 outside an iteration and once the iteration
+ * diverged), -EINVAL (NULL runtime; ids NULL with cap > 0), -EPERM (another
+ * thread). */
+TIO_API int tio_runtime_held_past_free(tio_runtime *rt, uint32_t k, uint32_t *ids, uint32_t cap);
+
 /* Is the tensor bound and resident right now?  (No I/O.)  Like get_stats,
  * for the owning thread only (not checked: no error to return). */
 TIO_API bool tio_runtime_is_resident(const tio_runtime *rt, uint32_t tensor);

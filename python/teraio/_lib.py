@@ -303,6 +303,8 @@ tio_runtime_kernel_begin = _fn("tio_runtime_kernel_begin", c_int, c_void_p, c_ui
 tio_runtime_ensure_resident = _fn("tio_runtime_ensure_resident", c_int, c_void_p, c_uint32,
                                   POINTER(c_void_p))
 tio_runtime_is_resident = _fn("tio_runtime_is_resident", c_bool, c_void_p, c_uint32)
+tio_runtime_held_past_free = _fn("tio_runtime_held_past_free", c_int, c_void_p, c_uint32,
+                                 POINTER(c_uint32), c_uint32)
 tio_runtime_fetch_all = _fn("tio_runtime_fetch_all", c_int, c_void_p)
 tio_runtime_get_stats = _fn("tio_runtime_get_stats", None, c_void_p, POINTER(RuntimeStats))
 

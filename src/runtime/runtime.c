@@ -50,6 +50,14 @@
  * differs, so the first iteration, an iteration after a diverged one and an
  * iteration after uses between iterations all start where the plan starts.
  *
+ * Held past the free (tio_runtime_held_past_free): each intermediate
+ * tensor's end in the trace (the kernel before which the profiled iteration
+ * freed it: its free_kernel, or the kernel after its last access) indexes a
+ * per-kernel list, built at create.  A call for kernel k walks the lists of
+ * the ends it has not seen yet in this iteration, keeps the tensors among
+ * them that are still bound, and drops from what it kept those unbound
+ * since: O(new ends + tensors held) per call.
+ *
  * Staging (optional callbacks): when the tensor's memory is not addressable
  * by the engine, every transfer goes through a host buffer the adapter
  * provides: stage_out before a write (the adapter copies the bytes out),
@@ -65,6 +73,7 @@
  * the tensor.  The engine's completion queue is the runtime's while it
  * exists: completions with tags it does not know are logged and dropped.
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -129,6 +138,11 @@ struct tio_runtime {
     uint32_t window_kernel;        /* the kernel whose window is open */
     uint32_t next_kernel;          /* one past the last kernel_begin index of the iteration */
     uint64_t untracked_bytes;      /* tio_runtime_account_untracked total */
+    uint32_t *end_start;           /* [n_kernels + 1] offsets into end_ids, by end kernel */
+    uint32_t *end_ids;             /* intermediate tensors grouped by their end in the trace */
+    uint32_t *held;                /* [n_tensors] bound tensors held past their end */
+    uint32_t n_held;
+    uint32_t ends_seen;            /* end kernels [0, ends_seen) are in `held` this iteration */
 };
 
 #define REAP_BATCH 64
@@ -143,9 +157,11 @@ static int first_warning(atomic_bool *warned)
     return atomic_exchange(warned, true) ? TIO_LOG_INFO : TIO_LOG_WARN;
 }
 
+static void refresh_held(tio_runtime *rt, uint32_t k);
+
 /* Why a kernel may hold more than the plan said, as far as the runtime
- * can tell. */
-static const char *over_capacity_reason(const tio_runtime *rt)
+ * can tell; `buf` may receive the text. */
+static const char *over_capacity_reason(tio_runtime *rt, char *buf, size_t size)
 {
     if (rt->iter_diverged)
         return "the iteration left the profiled sequence";
@@ -153,6 +169,15 @@ static const char *over_capacity_reason(const tio_runtime *rt)
         return "offloads were refused for lack of SSD or host space";
     if (!rt->plan->fits)
         return "the plan itself does not fit the capacity";
+    refresh_held(rt, rt->window_kernel);
+    if (rt->n_held) {
+        uint32_t id = rt->held[0];
+        char b[32];
+        snprintf(buf, size, "%u tensor%s held past the kernel the trace frees %s at, "
+                 "such as tensor %u (%s)", rt->n_held, rt->n_held == 1 ? "" : "s",
+                 rt->n_held == 1 ? "it" : "them", id, tio_format_bytes(rt->tensors[id].bytes, b));
+        return buf;
+    }
     return "memory the trace did not show";
 }
 
@@ -176,13 +201,14 @@ static void note_resident(tio_runtime *rt)
     if (rt->over_logged)
         return;
     rt->over_logged = true;
-    char rb[32], cb[32];
+    char rb[32], cb[32], why[160];
     uint32_t k = rt->window_kernel;
     tio_log(first_warning(&warned_over_capacity),
             "runtime: kernel %u ('%s') holds %s resident, over the capacity of %s (%s); "
             "stats over_capacity_kernels and over_capacity_bytes_max count every such kernel",
             k, k < rt->trace->n_kernels ? rt->trace->kernels[k].name : "past the trace",
-            tio_format_bytes(r, rb), tio_format_bytes(cap, cb), over_capacity_reason(rt));
+            tio_format_bytes(r, rb), tio_format_bytes(cap, cb),
+            over_capacity_reason(rt, why, sizeof why));
 }
 
 static void resident_add(tio_runtime *rt, uint64_t bytes)
@@ -787,6 +813,39 @@ bool tio_runtime_is_resident(const tio_runtime *rt, uint32_t tensor)
            rt->tensors[tensor].state == TENSOR_RESIDENT;
 }
 
+/* Bring `held` up to kernel k: add the bound tensors whose end is in
+ * [ends_seen, k], drop the ones unbound since. */
+static void refresh_held(tio_runtime *rt, uint32_t k)
+{
+    uint32_t nk = rt->trace->n_kernels;
+    for (; rt->ends_seen <= k && rt->ends_seen < nk; rt->ends_seen++)
+        for (uint32_t i = rt->end_start[rt->ends_seen]; i < rt->end_start[rt->ends_seen + 1]; i++)
+            if (rt->tensors[rt->end_ids[i]].bound)
+                rt->held[rt->n_held++] = rt->end_ids[i];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < rt->n_held; i++)
+        if (rt->tensors[rt->held[i]].bound)
+            rt->held[n++] = rt->held[i];
+    rt->n_held = n;
+}
+
+int tio_runtime_held_past_free(tio_runtime *rt, uint32_t k, uint32_t *ids, uint32_t cap)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_held_past_free: runtime is NULL");
+    int rc = check_thread(rt, "tio_runtime_held_past_free");
+    if (rc < 0)
+        return rc;
+    if (cap && !ids)
+        return tio_fail(-EINVAL, "runtime_held_past_free: ids is NULL with cap %u", cap);
+    if (!rt->in_iteration || rt->iter_diverged)
+        return 0;
+    refresh_held(rt, k);
+    for (uint32_t i = 0; i < rt->n_held && i < cap; i++)
+        ids[i] = rt->held[i];
+    return rt->n_held > INT_MAX ? INT_MAX : (int)rt->n_held;
+}
+
 /* Does the tensor hold memory counted in resident_bytes? */
 static bool holds_memory(const rt_tensor *t)
 {
@@ -979,6 +1038,8 @@ int tio_runtime_iteration_begin(tio_runtime *rt)
     rt->in_iteration = true;
     rt->iter_diverged = false;
     rt->next_kernel = 0;
+    rt->n_held = 0;
+    rt->ends_seen = 0;
     rc = reap(rt, 0);
     if (rc > 0)
         rc = 0;
@@ -1112,6 +1173,14 @@ static int validate_plan(const tio_plan *plan, const tio_trace *trace, const tio
     return 0;
 }
 
+/* last[t] = the last kernel that accesses tensor t (left as it was if none). */
+static void last_accesses(const tio_trace *trace, uint32_t *last)
+{
+    for (uint32_t k = 0; k < trace->n_kernels; k++)
+        for (uint32_t a = 0; a < trace->kernels[k].n_accesses; a++)
+            last[trace->accesses[trace->kernels[k].first_access + a].tensor] = k;
+}
+
 /* The SSD space the plan needs at once, at least: a tensor keeps its
  * 4 KiB-aligned extent from its first SSD offload on, a global tensor for
  * good, an intermediate one until it dies (its free kernel, or its last use
@@ -1137,9 +1206,7 @@ static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uin
             m->trigger_kernel < first[m->tensor])
             first[m->tensor] = m->trigger_kernel;
     }
-    for (uint32_t k = 0; k < nk; k++)
-        for (uint32_t a = 0; a < trace->kernels[k].n_accesses; a++)
-            last[trace->accesses[trace->kernels[k].first_access + a].tensor] = k;
+    last_accesses(trace, last);
     uint64_t held = 0, peak = 0;
     for (uint32_t t = 0; t < nt; t++) {
         if (first[t] == UINT32_MAX)
@@ -1167,6 +1234,41 @@ static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uin
     free(last);
     free(delta);
     *out = held + peak;
+    return 0;
+}
+
+/* Where each intermediate tensor's memory ends in the trace: the kernel
+ * before which it was freed (its free_kernel, or the kernel after its last
+ * access); n_kernels: held until the iteration ends.  The per-kernel lists
+ * of tio_runtime_held_past_free. */
+static int build_ends(tio_runtime *rt)
+{
+    const tio_trace *trace = rt->trace;
+    uint32_t nt = trace->n_tensors, nk = trace->n_kernels;
+    uint32_t *end = calloc((size_t)nt + 1, sizeof *end);
+    rt->end_start = calloc((size_t)nk + 1, sizeof *rt->end_start);
+    rt->end_ids = malloc(((size_t)nt + 1) * sizeof *rt->end_ids);
+    rt->held = malloc(((size_t)nt + 1) * sizeof *rt->held);
+    if (!end || !rt->end_start || !rt->end_ids || !rt->held) {
+        free(end);
+        return tio_fail(-ENOMEM, "runtime: out of memory indexing %u tensors' ends", nt);
+    }
+    last_accesses(trace, end);
+    for (uint32_t t = 0; t < nt; t++) {
+        const tio_trace_tensor *tt = &trace->tensors[t];
+        end[t] = tt->global ? nk : tt->free_kernel ? tt->free_kernel : end[t] + 1;
+        if (end[t] < nk)
+            rt->end_start[end[t] + 1]++;
+    }
+    for (uint32_t k = 0; k < nk; k++)
+        rt->end_start[k + 1] += rt->end_start[k];
+    for (uint32_t t = 0; t < nt; t++) /* fill with a moving cursor, restored after */
+        if (end[t] < nk)
+            rt->end_ids[rt->end_start[end[t]]++] = t;
+    for (uint32_t k = nk; k > 0; k--)
+        rt->end_start[k] = rt->end_start[k - 1];
+    rt->end_start[0] = 0;
+    free(end);
     return 0;
 }
 
@@ -1262,6 +1364,8 @@ int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine 
     rc = build_buckets(rt);
     if (rc == 0)
         rc = compute_initial_places(rt);
+    if (rc == 0)
+        rc = build_ends(rt);
     if (rc < 0) {
         tio_runtime_destroy(rt);
         return rc;
@@ -1290,6 +1394,9 @@ void tio_runtime_destroy(tio_runtime *rt)
         free(rt->bucket_start[b]);
         free(rt->bucket_mig[b]);
     }
+    free(rt->end_start);
+    free(rt->end_ids);
+    free(rt->held);
     tio_engine_destroy(rt->engine);
     free(rt);
 }

@@ -325,6 +325,13 @@ static tio_runtime_stats stats_of(const fixture *f)
     return s;
 }
 
+/* Bind the fixture's tensors at the framework's addresses. */
+static void bind_all(fixture *f)
+{
+    for (uint32_t t = 0; t < N_TENSORS; t++)
+        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+}
+
 /* A whole iteration: release at the offload deadline, exact bytes back at
  * the prefetch deadline, exact counters. */
 static void test_round_trip(void **state)
@@ -693,8 +700,7 @@ static void test_bind_of_another_size_diverges(void **state)
     free(other);
 
     /* The iteration_end unbound the intermediates; bound again, the plan runs. */
-    for (uint32_t t = 0; t < N_TENSORS; t++)
-        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+    bind_all(f);
     assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
     run_kernels(f, 0, 6);
     assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
@@ -727,6 +733,48 @@ static void test_iteration_end_unbinds_intermediates(void **state)
     assert_int_equal(tio_runtime_iteration_end(f->rt), -EINVAL);
 }
 
+/* T2's last use is kernel 4 and the trace records no free, so it is freed
+ * before kernel 5: still bound when kernel 5 begins, it is held past its
+ * free until it is unbound, in every iteration.  A diverged iteration
+ * reports nothing; a free_kernel at the iteration's end is never past. */
+static void test_held_past_free(void **state)
+{
+    fixture *f = *state;
+    uint32_t ids[2] = {99, 99};
+    assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 0); /* no iteration yet */
+    assert_int_equal(tio_runtime_held_past_free(f->rt, 5, NULL, 1), -EINVAL);
+    assert_int_equal(tio_runtime_held_past_free(NULL, 5, NULL, 0), -EINVAL);
+    for (int it = 0; it < 2; it++) {
+        assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+        for (uint32_t k = 0; k < 5; k++) {
+            assert_int_equal(tio_runtime_held_past_free(f->rt, k, ids, 2), 0);
+            assert_int_equal(tio_runtime_kernel_begin(f->rt, k, kernel_names[k]), 0);
+        }
+        assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 1);
+        assert_int_equal(ids[0], 2);
+        assert_int_equal(tio_runtime_held_past_free(f->rt, 5, NULL, 0), 1);
+        assert_int_equal(tio_runtime_tensor_unbind(f->rt, 2), 0);
+        assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 0);
+        run_kernels(f, 5, 6);
+        assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+        bind_all(f);
+    }
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 5);
+    assert_int_equal(tio_runtime_kernel_begin(f->rt, 5, "another"), 1);
+    assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 0);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+
+    assert_int_equal(tio_trace_set_free_kernel(f->trace, 2, 6), 0);
+    tio_runtime_destroy(f->rt);
+    assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
+    bind_all(f);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 6);
+    assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 0);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+}
+
 /* Kernels over the plan's capacity are counted once each, with the largest
  * excess; resident bytes per kernel are ALL, ALL, T1, ALL, ALL, ALL. */
 static void test_over_capacity_kernels_are_counted(void **state)
@@ -735,8 +783,7 @@ static void test_over_capacity_kernels_are_counted(void **state)
     f->plan.capacity_bytes = ALL_BYTES - 1;
     tio_runtime_destroy(f->rt);
     assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
-    for (uint32_t t = 0; t < N_TENSORS; t++)
-        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+    bind_all(f);
     assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
     run_kernels(f, 0, 6);
     tio_runtime_stats s = stats_of(f);
@@ -768,8 +815,7 @@ static void test_next_iteration_after_divergence_runs_the_plan(void **state)
     run_kernels(f, 2, 6);
     assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
     assert_int_equal(stats_of(f).n_offloads, 0);
-    for (uint32_t t = 0; t < N_TENSORS; t++)
-        assert_int_equal(tio_runtime_tensor_bind(f->rt, t, f->fw.mem[t], tensor_bytes[t]), 0);
+    bind_all(f);
     assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
     run_kernels(f, 0, 6);
     assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
@@ -1216,6 +1262,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bind_errors, setup_psync, fixture_teardown),
         BOTH_BACKENDS(test_bind_of_another_size_diverges),
         BOTH_BACKENDS(test_iteration_end_unbinds_intermediates),
+        cmocka_unit_test_setup_teardown(test_held_past_free, setup_psync, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_over_capacity_kernels_are_counted, setup_psync,
                                         fixture_teardown),
         cmocka_unit_test_setup_teardown(test_next_iteration_after_divergence_runs_the_plan,

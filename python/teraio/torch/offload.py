@@ -52,6 +52,7 @@ import contextlib
 import ctypes
 import logging
 import threading
+import time
 import weakref
 
 import torch
@@ -65,6 +66,17 @@ from ._ids import StorageIds, global_tensors, iter_tensors
 from .profiler import kernel_name, sequence_fingerprint
 
 log = logging.getLogger("teraio")
+
+# How long a kernel lets other threads drop storages the trace has freed
+# before it (see OffloadRuntime._let_threads_free).  A thread waiting for the
+# GIL takes it within one switch; a storage the program really keeps costs
+# this once per iteration.
+_YIELD_S = 0.002
+
+
+def _yield_gil() -> None:
+    """Let a thread waiting for the GIL run."""
+    time.sleep(0)
 
 
 @L.LOG_FN
@@ -93,6 +105,8 @@ class _Mode(TorchDispatchMode):
         k = rt.k
         rt.k += 1
         if not rt.diverged:
+            if L.check(L.tio_runtime_held_past_free(rt._p, k, None, 0)) > rt._held_known:
+                rt._let_threads_free(k)
             if L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode())) == 1:
                 rt.diverged = True
         for t in iter_tensors((args, kwargs)):
@@ -199,6 +213,8 @@ class OffloadRuntime:
         self._untracked: dict[int, int] = {}      # storage key -> bytes (see _account)
         self._untracked_freed = 0
         self._signature: list = []
+        self._held_known = 0
+        self._threads_waited = 0  # kernels that waited for another thread's frees
         self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
         globals_ = global_tensors(model, optimizer)
         devices = {t.device.type for t, _, _ in globals_}
@@ -396,6 +412,25 @@ class OffloadRuntime:
             n, self._untracked_freed = self._untracked_freed, 0
             L.check(L.tio_runtime_account_untracked(self._p, -n))
 
+    def _let_threads_free(self, k: int) -> None:
+        """Kernel k is next, and a storage the trace has freed before it is
+        still bound.  Mostly another thread holds its last reference and is
+        about to drop it, waiting for the GIL (gloo's worker thread, with a
+        collective's buffer): let it run, for up to _YIELD_S, so the memory
+        is gone before kernel k's window opens.  What stays held is counted
+        against the capacity, and not waited for again this iteration."""
+        deadline = time.perf_counter() + _YIELD_S
+        while True:
+            _yield_gil()
+            self._drain_deaths()
+            n = L.check(L.tio_runtime_held_past_free(self._p, k, None, 0))
+            if n <= self._held_known:
+                break
+            if time.perf_counter() >= deadline:
+                self._held_known = n
+                break
+        self._threads_waited += 1
+
     def _end_iteration(self) -> None:
         self._drain_deaths()
         rc = L.tio_runtime_iteration_end(self._p)
@@ -476,6 +511,7 @@ class OffloadRuntime:
         if self._cuda_engine is not None:  # device requests wait for work queued on this stream
             _gpu.set_stream(self._cuda_engine, torch.cuda.current_stream().cuda_stream)
         self.diverged = False
+        self._held_known = 0  # tensors held past their free that a wait did not end
         self._signature = []
         L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
         self._diverged_before = self._stats.diverged_iterations
@@ -506,7 +542,9 @@ class OffloadRuntime:
         self._open()
         s = L.RuntimeStats()
         L.tio_runtime_get_stats(self._p, ctypes.byref(s))
-        return {name: getattr(s, name) for name, _ in L.RuntimeStats._fields_}
+        out = {name: getattr(s, name) for name, _ in L.RuntimeStats._fields_}
+        out["frees_waited"] = self._threads_waited
+        return out
 
     def close(self) -> None:
         """Bring everything back and free the runtime (its SSD space)."""

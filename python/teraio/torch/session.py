@@ -57,7 +57,7 @@ log = logging.getLogger("teraio")
 _SUMS = ("bytes_offloaded", "bytes_offloaded_ssd", "bytes_offloaded_host", "bytes_prefetched",
          "bytes_fetched_urgent", "n_offloads", "n_prefetches", "stalls", "stall_ns", "wait_ns",
          "offloads_refused", "iterations", "diverged_iterations", "fetches_outside",
-         "bytes_fetched_outside", "over_capacity_kernels")
+         "bytes_fetched_outside", "over_capacity_kernels", "frees_waited")
 _MAXES = ("peak_resident_bytes", "over_capacity_bytes_max")
 
 
