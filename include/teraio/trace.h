@@ -6,7 +6,7 @@
  * measured or modelled duration), the tensors (one per storage allocation,
  * identified by a stable id), and which tensors each kernel read and wrote.
  * Lifetime analysis and planning consume it; the file format is documented
- * in docs/formats.md ("teraio-trace", versions 1 and 2, line-oriented text).
+ * in docs/formats.md ("teraio-trace", versions 1 to 3, line-oriented text).
  *
  * Ownership: a tio_trace owns all of its arrays and strings.  The struct is
  * public for reading; change it only through the tio_trace_* functions.
@@ -22,9 +22,9 @@
 extern "C" {
 #endif
 
-/* The newest file version this build reads (it reads 1 too) and writes
- * (only when some tensor has a free_kernel; otherwise it writes 1). */
-#define TIO_TRACE_VERSION 2
+/* The newest file version this build reads (it reads 1 and 2 too) and
+ * writes (only when some tensor has a free_kernel; otherwise it writes 1). */
+#define TIO_TRACE_VERSION 3
 
 /* What a tensor is for.  Parameters, gradients and optimizer states are
  * normally global tensors (alive across iterations); activations (saved in

@@ -1,16 +1,18 @@
 /*
- * trace/trace_io.c — the trace file, "teraio-trace" versions 1 and 2
+ * trace/trace_io.c — the trace file, "teraio-trace" versions 1 to 3
  * (docs/formats.md).
  *
- *   teraio-trace 2
+ *   teraio-trace 3
  *   model llama3-8b batch 32 seq 2048
- *   counts <n_tensors> <n_kernels> <n_accesses>
+ *   counts <n_tensors> <n_kernels> <n_accesses> <n_frees>
  *   tensor <id> <bytes> <kind> <global|intermediate> [name]      (n_tensors lines)
  *   kernel <index> <duration_ns> <name> <r:|w:|rw:><tensor>...   (n_kernels lines)
- *   free <tensor> <kernel>                                       (version 2, any number)
+ *   free <tensor> <kernel>                                       (n_frees lines)
  *
- * Version 2 only adds the free records; the writer uses version 1 when a
- * trace has none, so files without them stay readable by older builds.
+ * Version 2 added the free records, any number of them; version 3 counts
+ * them on the counts line, so a file cut after a whole free record is
+ * refused like one cut anywhere else.  The writer uses version 1 when a
+ * trace has no free records (readable by every build), else version 3.
  *
  * Why a hand-written scanner: a paper-scale trace has ~100k kernel lines and
  * ~1M access tokens, and the reader must load it in well under a second.
@@ -203,6 +205,7 @@ typedef struct {
     scanner s;
     tio_trace *trace;
     uint32_t n_tensors, n_kernels, n_accesses; /* declared on the counts line */
+    uint32_t n_frees, seen_frees;              /* declared (version 3) and read */
     uint32_t counts_line;
     uint32_t *tensor_line; /* [n_tensors] line of each tensor record */
     uint32_t *last_kernel; /* [n_tensors] last kernel accessing it, UINT32_MAX: none */
@@ -220,6 +223,8 @@ static char *copy_token(const char *tok, size_t len)
     return p;
 }
 
+#define HEADERS "'" TRACE_MAGIC " <version>' (1 to 3)"
+
 static int parse_header(parser *p)
 {
     scanner *s = &p->s;
@@ -227,10 +232,9 @@ static int parse_header(parser *p)
     size_t len = 0;
     uint64_t version;
     if (!next_line(s))
-        return fail_eof(s, "header", "'" TRACE_MAGIC " 1' or '" TRACE_MAGIC " 2'");
+        return fail_eof(s, "header", HEADERS);
     if (!next_token(s, &tok, &len) || !token_is(tok, len, TRACE_MAGIC))
-        return fail_got(s, TIO_EPARSE, "header", "'" TRACE_MAGIC " 1' or '" TRACE_MAGIC " 2'", tok,
-                        len);
+        return fail_got(s, TIO_EPARSE, "header", HEADERS, tok, len);
     int rc = need_uint(s, "version", UINT32_MAX, &version);
     if (rc)
         return rc;
@@ -242,7 +246,8 @@ static int parse_header(parser *p)
     return need_end_of_line(s, "header");
 }
 
-/* Optional "model <text>" line, then "counts <tensors> <kernels> <accesses>". */
+/* Optional "model <text>" line, then "counts <tensors> <kernels> <accesses>"
+ * (version 3: and "<frees>"). */
 static int parse_preamble(parser *p)
 {
     scanner *s = &p->s;
@@ -277,6 +282,10 @@ static int parse_preamble(parser *p)
                      TIO_TRACE_MAX_KERNELS, (unsigned long long)nk);
     if (!rc)
         rc = need_uint(s, "n_accesses", UINT32_MAX, &na);
+    uint64_t nf = 0;
+    if (!rc && p->version >= 3)
+        rc = need_uint(s, "n_frees", UINT32_MAX, &nf);
+    p->n_frees = (uint32_t)nf;
     if (!rc)
         rc = need_end_of_line(s, "counts");
     p->n_tensors = (uint32_t)nt;
@@ -519,7 +528,12 @@ static int parse_end(parser *p)
         int rc = parse_free(p);
         if (rc)
             return rc;
+        p->seen_frees++;
     }
+    if (p->version >= 3 && p->seen_frees != p->n_frees)
+        return fail_at(s, TIO_EPARSE, p->counts_line, "n_frees",
+                       "expected %u (the free records the file has), got '%u'", p->seen_frees,
+                       p->n_frees);
     if (p->trace->n_accesses != p->n_accesses)
         return fail_at(s, TIO_EPARSE, p->counts_line, "n_accesses",
                        "expected %u (the accesses the kernels list), got '%u'",
@@ -622,10 +636,11 @@ static void put_u64(writer *w, uint64_t v)
 
 static void write_trace(writer *w, const tio_trace *t)
 {
-    bool any_free = false;
-    for (uint32_t i = 0; i < t->n_tensors && !any_free; i++)
-        any_free = t->tensors[i].free_kernel != 0;
-    put_str(w, any_free ? TRACE_MAGIC " 2\n" : TRACE_MAGIC " 1\n");
+    uint32_t n_frees = 0;
+    for (uint32_t i = 0; i < t->n_tensors; i++)
+        n_frees += t->tensors[i].free_kernel != 0;
+    bool any_free = n_frees > 0;
+    put_str(w, any_free ? TRACE_MAGIC " 3\n" : TRACE_MAGIC " 1\n");
     if (t->model) {
         put_str(w, "model ");
         put_str(w, t->model);
@@ -637,6 +652,10 @@ static void write_trace(writer *w, const tio_trace *t)
     put_u64(w, t->n_kernels);
     put_str(w, " ");
     put_u64(w, t->n_accesses);
+    if (any_free) {
+        put_str(w, " ");
+        put_u64(w, n_frees);
+    }
     put_str(w, "\n# tensor <id> <bytes> <kind> <global|intermediate> [name]\n");
     for (uint32_t i = 0; i < t->n_tensors; i++) {
         const tio_trace_tensor *ts = &t->tensors[i];

@@ -263,7 +263,7 @@ static void test_free_records(void **state)
     assert_non_null(f);
     assert_non_null(fgets(head, sizeof head, f));
     fclose(f);
-    assert_string_equal(head, "teraio-trace 2\n");
+    assert_string_equal(head, "teraio-trace 3\n"); /* saved with the count of free records */
     tio_trace_destroy(back);
 
     assert_int_equal(tio_trace_set_free_kernel(t, 0, 6), -EINVAL); /* global */
@@ -307,6 +307,46 @@ static void test_free_records(void **state)
     expect_error(example_with_free("kernel 6 1 x\n"), TIO_EPARSE,
                  "t.tio:17: field 'record': expected 'free' or end of file after the last "
                  "kernel, got 'kernel'");
+}
+
+/* The example as version 3: the counts line ends with the number of free
+ * records, `n_frees`, and the file must have exactly that many. */
+static char *example_v3(const char *n_frees, const char *records)
+{
+    char counts[64];
+    snprintf(counts, sizeof counts, "counts 4 6 10%s\n", n_frees);
+    char *base = example_edit(4, counts, N_LINES);
+    base[strlen("teraio-trace ")] = '3';
+    char *out = malloc(strlen(base) + strlen(records) + 1);
+    assert_non_null(out);
+    strcpy(out, base);
+    strcat(out, records);
+    free(base);
+    return out;
+}
+
+/* Version 3 counts its free records: a file cut after a whole free record
+ * (which version 2 cannot tell from a complete one) is refused. */
+static void test_free_records_counted(void **state)
+{
+    (void)state;
+    tio_trace *t;
+    char *text = example_v3(" 2", "free 3 5\nfree 2 6\n");
+    assert_int_equal(parse_text(text, &t), 0);
+    free(text);
+    assert_int_equal(t->tensors[3].free_kernel, 5);
+    assert_int_equal(t->tensors[2].free_kernel, 6);
+    tio_trace_destroy(t);
+    text = example_v3(" 0", "");
+    assert_int_equal(parse_text(text, &t), 0);
+    free(text);
+    tio_trace_destroy(t);
+    expect_error(example_v3(" 2", "free 3 5\n"), TIO_EPARSE,
+                 "t.tio:4: field 'n_frees': expected 1 (the free records the file has), got '2'");
+    expect_error(example_v3(" 1", "free 3 5\nfree 2 6\n"), TIO_EPARSE,
+                 "t.tio:4: field 'n_frees': expected 2 (the free records the file has), got '1'");
+    expect_error(example_v3("", "free 3 5\n"), TIO_EPARSE,
+                 "t.tio:4: field 'n_frees': expected an unsigned integer, got end of line");
 }
 
 /* A trace the size of a small real model, built at random, survives the round trip. */
@@ -393,7 +433,7 @@ static void test_parse_errors(void **state)
     expect_error(strdup("teraio-trace 1\ncounts 1 1 1\ntensor 0 8 activation"), TIO_EPARSE,
                  "t.tio:3: field 'scope': expected 'global' or 'intermediate', got end of line");
     expect_error(strdup(""), TIO_EPARSE,
-                 "t.tio:1: field 'header': expected 'teraio-trace 1' or 'teraio-trace 2', got end of file");
+                 "t.tio:1: field 'header': expected 'teraio-trace <version>' (1 to 3), got end of file");
     expect_error(example_edit(7, "tensor 1 41943x4 optimizer_state global\n", N_LINES), TIO_EPARSE,
                  "t.tio:7: field 'bytes': expected an unsigned integer, got '41943x4'");
     expect_error(example_edit(7, "tensor 1 18446744073709551616 parameter global\n", N_LINES),
@@ -411,13 +451,13 @@ static void test_parse_errors(void **state)
                  "activation, temporary, got 'weights'");
     expect_error(example_edit(8, "tensor 2 1048576 activation local\n", N_LINES), TIO_EPARSE,
                  "t.tio:8: field 'scope': expected 'global' or 'intermediate', got 'local'");
-    expect_error(example_edit(1, "teraio-trace 3\n", N_LINES), TIO_EVERSION,
-                 "t.tio:1: field 'version': expected 1 to 2 (the versions this build reads), "
-                 "got '3'");
+    expect_error(example_edit(1, "teraio-trace 4\n", N_LINES), TIO_EVERSION,
+                 "t.tio:1: field 'version': expected 1 to 3 (the versions this build reads), "
+                 "got '4'");
     expect_error(example_edit(1, "teraio-trace one\n", N_LINES), TIO_EPARSE,
                  "t.tio:1: field 'version': expected an unsigned integer, got 'one'");
     expect_error(example_edit(1, "teraio-plan 1\n", N_LINES), TIO_EPARSE,
-                 "t.tio:1: field 'header': expected 'teraio-trace 1' or 'teraio-trace 2', got 'teraio-plan'");
+                 "t.tio:1: field 'header': expected 'teraio-trace <version>' (1 to 3), got 'teraio-plan'");
     /* Kernel 3 missing: kernel 4 comes where kernel 3 should. */
     expect_error(example_edit(14, NULL, N_LINES), TIO_EPARSE,
                  "t.tio:14: field 'index': expected 3 (indices are sequential), got '4'");
@@ -594,7 +634,7 @@ static void test_special_paths(void **state)
     assert_int_equal(tio_trace_load("/proc/self/status", &back), TIO_EPARSE);
     assert_null(back);
     assert_string_equal(tio_last_error(), "/proc/self/status:1: field 'header': expected "
-                                          "'teraio-trace 1' or 'teraio-trace 2', got 'Name:'");
+                                          "'teraio-trace <version>' (1 to 3), got 'Name:'");
 
     unlink(fifo);
     unlink(file);
@@ -612,6 +652,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_round_trip_large),
         cmocka_unit_test(test_free_records),
+        cmocka_unit_test(test_free_records_counted),
         cmocka_unit_test(test_example_parses),
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_load_errors),

@@ -103,5 +103,5 @@ def test_free_kernel_records_when_a_tensor_is_really_freed(tmp_path):
     loaded = Trace.load(str(tmp_path / "t.tio"))
     assert [loaded.tensor_free_kernel(i) for i in range(loaded.n_tensors)] == \
         [trace.tensor_free_kernel(i) for i in range(trace.n_tensors)]
-    assert (tmp_path / "t.tio").read_text().startswith("teraio-trace 2\n")
+    assert (tmp_path / "t.tio").read_text().startswith("teraio-trace 3\n")
     del kept
