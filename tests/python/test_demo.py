@@ -76,6 +76,7 @@ def test_missing_ssd_directory_is_one_line(tmp_path):
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0
     assert "does not exist" in r.stderr and "nope" in r.stderr
+    assert not (tmp_path / "d").exists()   # nothing made for a refused run
 
 
 def test_unusable_ssd_directory_is_one_line(tmp_path):

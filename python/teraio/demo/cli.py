@@ -43,11 +43,8 @@ def _child_main(argv: list[str]) -> None:
 
 
 def check_dirs(args) -> str | None:
-    """What is wrong with the output and SSD directories, or None."""
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        return f"output directory '{args.out}': {e.strerror}"
+    """What is wrong with the SSD and output directories, or None.  The
+    output directory is made last, so a refused SSD directory leaves none."""
     for d in args.ssd or []:
         if not os.path.isdir(d):
             return f"ssd directory '{d}' does not exist or is not a directory"
@@ -59,6 +56,10 @@ def check_dirs(args) -> str | None:
             tempfile.TemporaryFile(dir=d).close()
         except OSError as e:
             return f"ssd directory '{d}' cannot hold files: {e.strerror}"
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        return f"output directory '{args.out}': {e.strerror}"
     return None
 
 
