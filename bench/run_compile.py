@@ -165,8 +165,10 @@ def main() -> int:
               f"{est['wait_ns'] / 1e9 / max(1, est['iterations']):.3f} s waiting at deadlines per step, "
               f"{est['stalls']} stalls, losses identical to eager: {et.losses == ea.losses}")
         plan = rep["plans"][0]
+        cap = plan['capacity_bytes']  # 4 TiB in the first part: the peak is not known ahead
+        cap = f"{cap / 2**40:.0f} TiB" if cap >= 2**40 else f"{cap / 2**20:.1f} MiB"
         print(f"  compiled + teraio: peak {plan['peak_bytes'] / 2**20:.1f} MiB, capacity "
-              f"{plan['capacity_bytes'] / 2**20:.1f} MiB, {plan['migrations']} migrations, "
+              f"{cap}, {plan['migrations']} migrations, "
               f"{plan['kernel_begin_calls']} kernel_begin calls, resident peak "
               f"{rep['peak_resident_bytes'] / 2**20:.1f} MiB, "
               f"{rep.get('wait_ns', 0) / 1e9 / max(1, rep['planned_iterations']):.3f} s waiting at deadlines "
