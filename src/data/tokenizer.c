@@ -30,14 +30,16 @@ typedef struct {
     char name[64];
 } bpe_tokenizer;
 
-/* Every token covers at least one byte, so `len` ids always suffice: when
- * cap is smaller, ask for len. */
+/* tio_tok_max_ids(len) ids always suffice (len, but more for a
+ * tokenizer.json that adds prefix spaces): when cap is smaller, ask for it. */
 static int64_t bpe_encode(void *ctx, const char *text, size_t len, uint32_t *ids, size_t cap)
 {
     size_t n = 0;
     int rc = tio_tok_encode(ctx, text, len, TIO_TOK_SPECIAL_TEXT, ids, cap, &n);
-    if (rc == -ENOSPC)
-        return (int64_t)(len > cap ? len : cap + 1);
+    if (rc == -ENOSPC) {
+        size_t need = tio_tok_max_ids(ctx, len);
+        return (int64_t)(need > cap ? need : cap + 1);
+    }
     return rc ? rc : (int64_t)n;
 }
 
