@@ -375,11 +375,7 @@ def start_offload(args, model, optimizer):
     to this process's own backing files under the --offload-ssd directories."""
     if args.offload_capacity is None:
         return None
-    import teraio.torch
-    offload = getattr(teraio.torch, "offload", None)
-    if not callable(offload):        # before issue 13, teraio.torch.offload is a module
-        raise SystemExit("train.py: --offload-capacity needs the function teraio.torch.offload, "
-                         "which this checkout of teraio does not have yet")
+    from teraio.torch import offload
     if args.offload_ssd == [str(args.out / "ssd")]:
         (args.out / "ssd").mkdir(parents=True, exist_ok=True)     # the default; others must exist
     # DDP rebuilds its gradient buckets in its second step, so that step's operators never

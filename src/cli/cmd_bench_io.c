@@ -283,18 +283,6 @@ static int run_rounds(bench_run *r)
     return 0;
 }
 
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (const char *p = s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            putchar('\\');
-        if ((unsigned char)*p >= 0x20)
-            putchar(*p);
-    }
-    putchar('"');
-}
-
 /* A JSON number, or null where it is not finite (a ratio over a CPU time
  * too small to measure). */
 static void json_number(const char *key, double v, int decimals)
@@ -310,15 +298,15 @@ static void print_json(const bench_run *r)
     const bench_args *a = r->a;
     tio_engine *e = r->eng[ENG_BASE].engine;
     printf("{\"backend\": \"%s\", \"backend_reason\": ", tio_backend_name(tio_engine_backend(e)));
-    json_string(tio_engine_backend_reason(e));
+    cli_json_string(stdout, tio_engine_backend_reason(e));
     printf(", \"fixed_buffers\": %s, \"fixed_files\": %s, \"size_bytes\": %llu, "
            "\"rand_size_bytes\": %llu, \"qd\": %u, \"runs\": %u, \"dirs\": %u, "
            "\"fio_best_iomem\": ", tio_engine_fixed_buffers(e) ? "true" : "false",
            tio_engine_fixed_files(e) ? "true" : "false", (unsigned long long)a->size,
            (unsigned long long)a->rand_size, a->qd, a->runs, a->n_dirs);
-    json_string(r->h.iomem);
+    cli_json_string(stdout, r->h.iomem);
     printf(", \"fio_best_huge_pages\": %s, \"fio_best_memory\": ", r->h.huge ? "true" : "false");
-    json_string(r->h.how);
+    cli_json_string(stdout, r->h.how);
     printf(", \"passes\": [");
     for (uint32_t i = 0; i < r->n_passes; i++) {
         const bench_pass *p = &r->passes[i];
