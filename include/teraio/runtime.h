@@ -129,7 +129,8 @@ typedef struct tio_runtime tio_runtime;
  * (each SSD tensor 4 KiB-aligned, from its first offload on: a global one
  * for good, an intermediate one until it dies, at its free kernel or else
  * its last use in the trace).
- * Returns 0; TIO_EUNKNOWN (plan names a tensor the trace lacks); -EINVAL;
+ * Returns 0; TIO_EPARSE (the trace fails tio_trace_validate); TIO_EUNKNOWN
+ * (plan names a tensor the trace lacks); -EINVAL;
  * -ENOSPC (the engine's free space is smaller: the message says how much is
  * needed); -ENOMEM. */
 TIO_API int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine *engine,

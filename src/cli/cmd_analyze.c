@@ -29,7 +29,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: teraio analyze TRACE [--ssd-read-gbps R] [--ssd-write-gbps W] [--json]\n"
             "\n"
-            "Lifetime analysis of a trace file (docs/formats.md, teraio-trace 1):\n"
+            "Lifetime analysis of a trace file (docs/formats.md, teraio-trace 1 to 3):\n"
             "peak of the memory curve, largest per-kernel working set, active share of\n"
             "the peak, tensor size histogram, and the inactive periods long enough to\n"
             "write a tensor to SSD and read it back.\n"

@@ -54,9 +54,10 @@
  * tensor's end in the trace (the kernel before which the profiled iteration
  * freed it: its free_kernel, or the kernel after its last access) indexes a
  * per-kernel list, built at create.  A call for kernel k walks the lists of
- * the ends it has not seen yet in this iteration, keeps the tensors among
- * them that are still bound, and drops from what it kept those unbound
- * since: O(new ends + tensors held) per call.
+ * the ends it has not seen yet in this iteration and lists the tensors
+ * among them that are bound; tensor_bind lists a tensor bound after its end
+ * was walked; the call drops what was unbound since and counts the listed
+ * tensors that hold memory: O(new ends + tensors listed) per call.
  *
  * Staging (optional callbacks): when the tensor's memory is not addressable
  * by the engine, every transfer goes through a host buffer the adapter
@@ -115,6 +116,8 @@ typedef struct {
     void *host_copy;   /* [bytes] once the tensor was offloaded to the host tier */
     void *io_addr;     /* staging buffer of the request in flight, or NULL */
     initial_place at0; /* steady-state place at kernel 0 */
+    uint32_t end;      /* the kernel before which the trace frees it; n_kernels: never */
+    bool listed;       /* in the runtime's `held` list */
     uint32_t at0_offload; /* the offload migration that puts it there (unless RESIDENT) */
 } rt_tensor;
 
@@ -140,9 +143,9 @@ struct tio_runtime {
     uint64_t untracked_bytes;      /* tio_runtime_account_untracked total */
     uint32_t *end_start;           /* [n_kernels + 1] offsets into end_ids, by end kernel */
     uint32_t *end_ids;             /* intermediate tensors grouped by their end in the trace */
-    uint32_t *held;                /* [n_tensors] bound tensors held past their end */
+    uint32_t *held;                /* [n_tensors] bound tensors past their end (`listed`) */
     uint32_t n_held;
-    uint32_t ends_seen;            /* end kernels [0, ends_seen) are in `held` this iteration */
+    uint32_t ends_seen;            /* end kernels [0, ends_seen) were walked this iteration */
 };
 
 #define REAP_BATCH 64
@@ -157,7 +160,7 @@ static int first_warning(atomic_bool *warned)
     return atomic_exchange(warned, true) ? TIO_LOG_INFO : TIO_LOG_WARN;
 }
 
-static void refresh_held(tio_runtime *rt, uint32_t k);
+static uint32_t refresh_held(tio_runtime *rt, uint32_t k, uint32_t *ids, uint32_t cap);
 
 /* Why a kernel may hold more than the plan said, as far as the runtime
  * can tell; `buf` may receive the text. */
@@ -169,13 +172,12 @@ static const char *over_capacity_reason(tio_runtime *rt, char *buf, size_t size)
         return "offloads were refused for lack of SSD or host space";
     if (!rt->plan->fits)
         return "the plan itself does not fit the capacity";
-    refresh_held(rt, rt->window_kernel);
-    if (rt->n_held) {
-        uint32_t id = rt->held[0];
+    uint32_t id, n = refresh_held(rt, rt->window_kernel, &id, 1);
+    if (n) {
         char b[32];
         snprintf(buf, size, "%u tensor%s held past the kernel the trace frees %s at, "
-                 "such as tensor %u (%s)", rt->n_held, rt->n_held == 1 ? "" : "s",
-                 rt->n_held == 1 ? "it" : "them", id, tio_format_bytes(rt->tensors[id].bytes, b));
+                 "such as tensor %u (%s)", n, n == 1 ? "" : "s", n == 1 ? "it" : "them", id,
+                 tio_format_bytes(rt->tensors[id].bytes, b));
         return buf;
     }
     return "memory the trace did not show";
@@ -813,20 +815,36 @@ bool tio_runtime_is_resident(const tio_runtime *rt, uint32_t tensor)
            rt->tensors[tensor].state == TENSOR_RESIDENT;
 }
 
-/* Bring `held` up to kernel k: add the bound tensors whose end is in
- * [ends_seen, k], drop the ones unbound since. */
-static void refresh_held(tio_runtime *rt, uint32_t k)
+static void list_held(tio_runtime *rt, uint32_t id)
+{
+    rt->tensors[id].listed = true;
+    rt->held[rt->n_held++] = id;
+}
+
+/* Bring `held` up to kernel k: list the bound tensors whose end is in
+ * [ends_seen, k], drop the ones unbound since.  Returns how many listed
+ * tensors hold memory (an offloaded one does not) and writes the first
+ * `cap` of them to ids. */
+static uint32_t refresh_held(tio_runtime *rt, uint32_t k, uint32_t *ids, uint32_t cap)
 {
     uint32_t nk = rt->trace->n_kernels;
     for (; rt->ends_seen <= k && rt->ends_seen < nk; rt->ends_seen++)
         for (uint32_t i = rt->end_start[rt->ends_seen]; i < rt->end_start[rt->ends_seen + 1]; i++)
-            if (rt->tensors[rt->end_ids[i]].bound)
-                rt->held[rt->n_held++] = rt->end_ids[i];
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < rt->n_held; i++)
-        if (rt->tensors[rt->held[i]].bound)
-            rt->held[n++] = rt->held[i];
-    rt->n_held = n;
+            if (rt->tensors[rt->end_ids[i]].bound && !rt->tensors[rt->end_ids[i]].listed)
+                list_held(rt, rt->end_ids[i]);
+    uint32_t kept = 0, holding = 0;
+    for (uint32_t i = 0; i < rt->n_held; i++) {
+        rt_tensor *t = &rt->tensors[rt->held[i]];
+        if (!t->bound) {
+            t->listed = false;
+            continue;
+        }
+        rt->held[kept++] = rt->held[i];
+        if (t->state != TENSOR_OFFLOADED && holding++ < cap)
+            ids[holding - 1] = rt->held[i];
+    }
+    rt->n_held = kept;
+    return holding;
 }
 
 int tio_runtime_held_past_free(tio_runtime *rt, uint32_t k, uint32_t *ids, uint32_t cap)
@@ -840,10 +858,8 @@ int tio_runtime_held_past_free(tio_runtime *rt, uint32_t k, uint32_t *ids, uint3
         return tio_fail(-EINVAL, "runtime_held_past_free: ids is NULL with cap %u", cap);
     if (!rt->in_iteration || rt->iter_diverged)
         return 0;
-    refresh_held(rt, k);
-    for (uint32_t i = 0; i < rt->n_held && i < cap; i++)
-        ids[i] = rt->held[i];
-    return rt->n_held > INT_MAX ? INT_MAX : (int)rt->n_held;
+    uint32_t n = refresh_held(rt, k, ids, cap);
+    return n > INT_MAX ? INT_MAX : (int)n;
 }
 
 /* Does the tensor hold memory counted in resident_bytes? */
@@ -890,6 +906,8 @@ int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64
     t->addr = addr;
     t->bound = true;
     t->state = TENSOR_RESIDENT;
+    if (rt->in_iteration && t->end < rt->ends_seen && !t->listed)
+        list_held(rt, tensor);
     resident_add(rt, bytes);
     return 0;
 }
@@ -1038,6 +1056,8 @@ int tio_runtime_iteration_begin(tio_runtime *rt)
     rt->in_iteration = true;
     rt->iter_diverged = false;
     rt->next_kernel = 0;
+    for (uint32_t i = 0; i < rt->n_held; i++)
+        rt->tensors[rt->held[i]].listed = false;
     rt->n_held = 0;
     rt->ends_seen = 0;
     rc = reap(rt, 0);
@@ -1257,6 +1277,7 @@ static int build_ends(tio_runtime *rt)
     for (uint32_t t = 0; t < nt; t++) {
         const tio_trace_tensor *tt = &trace->tensors[t];
         end[t] = tt->global ? nk : tt->free_kernel ? tt->free_kernel : end[t] + 1;
+        rt->tensors[t].end = end[t];
         if (end[t] < nk)
             rt->end_start[end[t] + 1]++;
     }
@@ -1328,7 +1349,9 @@ int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine 
     int n_staging = !!cb->stage_out + !!cb->stage_in + !!cb->unstage;
     if (n_staging != 0 && n_staging != 3)
         return tio_fail(-EINVAL, "runtime_create: stage_out, stage_in and unstage must be set together");
-    int rc = validate_plan(plan, trace, engine);
+    int rc = tio_trace_validate(trace); /* the tables below rely on it */
+    if (rc == 0)
+        rc = validate_plan(plan, trace, engine);
     if (rc < 0)
         return rc;
     uint64_t ssd_bytes = 0;

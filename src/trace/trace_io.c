@@ -10,8 +10,8 @@
  *   free <tensor> <kernel>                                       (n_frees lines)
  *
  * Version 2 added the free records, any number of them; version 3 counts
- * them on the counts line, so a file cut after a whole free record is
- * refused like one cut anywhere else.  The writer uses version 1 when a
+ * them on the counts line and ends in a newline, so a file cut after or
+ * inside a free record is refused like one cut anywhere else.  The writer uses version 1 when a
  * trace has no free records (readable by every build), else version 3.
  *
  * Why a hand-written scanner: a paper-scale trace has ~100k kernel lines and
@@ -246,6 +246,9 @@ static int parse_header(parser *p)
     return need_end_of_line(s, "header");
 }
 
+#define COUNTS "'counts <n_tensors> <n_kernels> <n_accesses>'"
+#define COUNTS_V3 "'counts <n_tensors> <n_kernels> <n_accesses> <n_frees>'"
+
 /* Optional "model <text>" line, then "counts <tensors> <kernels> <accesses>"
  * (version 3: and "<frees>"). */
 static int parse_preamble(parser *p)
@@ -254,7 +257,7 @@ static int parse_preamble(parser *p)
     const char *tok = NULL;
     size_t len = 0;
     if (!next_record(s))
-        return fail_eof(s, "counts", "'counts <n_tensors> <n_kernels> <n_accesses>'");
+        return fail_eof(s, "counts", p->version >= 3 ? COUNTS_V3 : COUNTS);
     next_token(s, &tok, &len);
     if (token_is(tok, len, "model")) {
         /* The text is the rest of the line after one separating blank. */
@@ -267,7 +270,7 @@ static int parse_preamble(parser *p)
         if (!(p->trace->model = copy_token(s->cur, n)))
             return tio_fail(-ENOMEM, "%s: out of memory", s->origin);
         if (!next_record(s))
-            return fail_eof(s, "counts", "'counts <n_tensors> <n_kernels> <n_accesses>'");
+            return fail_eof(s, "counts", p->version >= 3 ? COUNTS_V3 : COUNTS);
         next_token(s, &tok, &len);
     }
     if (!token_is(tok, len, "counts"))
@@ -530,6 +533,10 @@ static int parse_end(parser *p)
             return rc;
         p->seen_frees++;
     }
+    if (p->version >= 3 && s->end[-1] != '\n')
+        return fail_at(s, TIO_EPARSE, s->line, "end",
+                       "expected a newline at the end of the file (a version 3 file ends in "
+                       "one; this one may be cut short)");
     if (p->version >= 3 && p->seen_frees != p->n_frees)
         return fail_at(s, TIO_EPARSE, p->counts_line, "n_frees",
                        "expected %u (the free records the file has), got '%u'", p->seen_frees,

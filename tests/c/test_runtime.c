@@ -755,6 +755,10 @@ static void test_held_past_free(void **state)
         assert_int_equal(tio_runtime_held_past_free(f->rt, 5, NULL, 0), 1);
         assert_int_equal(tio_runtime_tensor_unbind(f->rt, 2), 0);
         assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 0);
+        /* bound again after its end was passed: held again */
+        assert_int_equal(tio_runtime_tensor_bind(f->rt, 2, f->fw.mem[2], T2_BYTES), 0);
+        assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 1);
+        assert_int_equal(tio_runtime_tensor_unbind(f->rt, 2), 0);
         run_kernels(f, 5, 6);
         assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
         bind_all(f);
@@ -772,6 +776,31 @@ static void test_held_past_free(void **state)
     assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
     run_kernels(f, 0, 6);
     assert_int_equal(tio_runtime_held_past_free(f->rt, 5, ids, 2), 0);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+}
+
+/* A tensor past its end whose memory the plan released (T2 offloaded to
+ * the host at kernel 2, never prefetched: nothing in this C test uses it at
+ * kernel 4) holds no memory, so it is not counted. */
+static void test_held_past_free_counts_memory(void **state)
+{
+    fixture *f = *state;
+    f->migrations[0] = migration(2, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_HOST);
+    plan_init(&f->plan, f->migrations, 1);
+    tio_runtime_destroy(f->rt);
+    assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
+    bind_all(f);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    run_kernels(f, 0, 5);
+    assert_false(tio_runtime_is_resident(f->rt, 2));
+    uint32_t id = 99;
+    assert_int_equal(tio_runtime_held_past_free(f->rt, 5, &id, 1), 0);
+    assert_int_equal(id, 99);
+    /* fetched back, it holds memory again */
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 2, NULL), 1);
+    assert_int_equal(tio_runtime_held_past_free(f->rt, 5, &id, 1), 1);
+    assert_int_equal(id, 2);
+    run_kernels(f, 5, 6);
     assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
 }
 
@@ -1263,6 +1292,8 @@ int main(void)
         BOTH_BACKENDS(test_bind_of_another_size_diverges),
         BOTH_BACKENDS(test_iteration_end_unbinds_intermediates),
         cmocka_unit_test_setup_teardown(test_held_past_free, setup_psync, fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_held_past_free_counts_memory, setup_host_only,
+                                        fixture_teardown),
         cmocka_unit_test_setup_teardown(test_over_capacity_kernels_are_counted, setup_psync,
                                         fixture_teardown),
         cmocka_unit_test_setup_teardown(test_next_iteration_after_divergence_runs_the_plan,

@@ -325,8 +325,9 @@ static char *example_v3(const char *n_frees, const char *records)
     return out;
 }
 
-/* Version 3 counts its free records: a file cut after a whole free record
- * (which version 2 cannot tell from a complete one) is refused. */
+/* Version 3 counts its free records and ends in a newline: a file cut after
+ * or inside a free record (which version 2 cannot tell from a complete one)
+ * is refused. */
 static void test_free_records_counted(void **state)
 {
     (void)state;
@@ -345,6 +346,10 @@ static void test_free_records_counted(void **state)
                  "t.tio:4: field 'n_frees': expected 1 (the free records the file has), got '2'");
     expect_error(example_v3(" 1", "free 3 5\nfree 2 6\n"), TIO_EPARSE,
                  "t.tio:4: field 'n_frees': expected 2 (the free records the file has), got '1'");
+    /* cut inside the last record's kernel number: 6 would read as a valid 5 */
+    expect_error(example_v3(" 2", "free 3 6\nfree 2 5"), TIO_EPARSE,
+                 "t.tio:18: field 'end': expected a newline at the end of the file (a version 3 "
+                 "file ends in one; this one may be cut short)");
     expect_error(example_v3("", "free 3 5\n"), TIO_EPARSE,
                  "t.tio:4: field 'n_frees': expected an unsigned integer, got end of line");
 }
