@@ -454,3 +454,21 @@ def test_a_storage_the_program_keeps_is_counted_and_named(ssd_dir, monkeypatch, 
     held = [r.getMessage() for r in caplog.records if "over the capacity" in r.getMessage()]
     assert held and "held past the kernel the trace frees it at, such as tensor" in held[0], held
     assert "(256.00 KiB)" in held[0], held
+
+
+def test_fruitless_waits_stop_at_the_iteration_budget(ssd_dir, monkeypatch):
+    """Waits that end with the storage still held take at most
+    _YIELD_BUDGET_S per iteration; with the budget spent (0 here) a kernel
+    does not wait at all, and the kept storage is still counted."""
+    offload = importlib.import_module("teraio.torch.offload")
+    model, opt, x, plan, rt, _engine = _spill_runtime(ssd_dir)
+    calls = []
+    monkeypatch.setattr(offload, "_yield_gil", lambda: calls.append(1))
+    monkeypatch.setattr(offload, "_YIELD_BUDGET_S", 0.0)
+    keep = []
+    with rt.iteration():
+        model.step(opt, x, keep)
+    stats = rt.stats()
+    rt.close()
+    assert calls == [] and stats["frees_waited"] == 0
+    assert stats["over_capacity_kernels"] > 0

@@ -69,9 +69,12 @@ log = logging.getLogger("teraio")
 
 # How long a kernel lets other threads drop storages the trace has freed
 # before it (see OffloadRuntime._let_threads_free).  A thread waiting for the
-# GIL takes it within one switch; a storage the program really keeps costs
-# this once per iteration.
+# GIL takes it within one switch; a storage the program really keeps (or a
+# reference cycle that only the garbage collector ends) costs one such wait
+# in an iteration, and such fruitless waits stop for the rest of an
+# iteration once they have taken _YIELD_BUDGET_S.
 _YIELD_S = 0.002
+_YIELD_BUDGET_S = 0.01
 
 
 def _yield_gil() -> None:
@@ -105,8 +108,9 @@ class _Mode(TorchDispatchMode):
         k = rt.k
         rt.k += 1
         if not rt.diverged:
-            if L.check(L.tio_runtime_held_past_free(rt._p, k, None, 0)) > rt._held_known:
-                rt._let_threads_free(k)
+            held = L.check(L.tio_runtime_held_past_free(rt._p, k, None, 0))
+            if held != rt._held_known:
+                rt._let_threads_free(k, held)
             if L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode())) == 1:
                 rt.diverged = True
         for t in iter_tensors((args, kwargs)):
@@ -214,6 +218,7 @@ class OffloadRuntime:
         self._untracked_freed = 0
         self._signature: list = []
         self._held_known = 0
+        self._yield_left = _YIELD_BUDGET_S
         self._threads_waited = 0  # kernels that waited for another thread's frees
         self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
         globals_ = global_tensors(model, optimizer)
@@ -412,24 +417,25 @@ class OffloadRuntime:
             n, self._untracked_freed = self._untracked_freed, 0
             L.check(L.tio_runtime_account_untracked(self._p, -n))
 
-    def _let_threads_free(self, k: int) -> None:
-        """Kernel k is next, and a storage the trace has freed before it is
-        still bound.  Mostly another thread holds its last reference and is
-        about to drop it, waiting for the GIL (gloo's worker thread, with a
-        collective's buffer): let it run, for up to _YIELD_S, so the memory
-        is gone before kernel k's window opens.  What stays held is counted
-        against the capacity, and not waited for again this iteration."""
-        deadline = time.perf_counter() + _YIELD_S
-        while True:
-            _yield_gil()
-            self._drain_deaths()
-            n = L.check(L.tio_runtime_held_past_free(self._p, k, None, 0))
-            if n <= self._held_known:
-                break
-            if time.perf_counter() >= deadline:
-                self._held_known = n
-                break
-        self._threads_waited += 1
+    def _let_threads_free(self, k: int, held: int) -> None:
+        """Kernel k is next, and `held` storages the trace has freed before it
+        are still bound, more than the last kernel left.  Mostly another
+        thread holds the last reference and is about to drop it, waiting for
+        the GIL (gloo's worker thread, with a collective's buffer): let it
+        run, for up to _YIELD_S, so the memory is gone before kernel k's
+        window opens.  What stays held is counted against the capacity and
+        not waited for again this iteration."""
+        if held > self._held_known and self._yield_left > 0:
+            t0 = time.perf_counter()
+            deadline = t0 + min(_YIELD_S, self._yield_left)
+            while held > self._held_known and time.perf_counter() < deadline:
+                _yield_gil()
+                self._drain_deaths()
+                held = L.check(L.tio_runtime_held_past_free(self._p, k, None, 0))
+            if held > self._held_known:
+                self._yield_left -= time.perf_counter() - t0
+            self._threads_waited += 1
+        self._held_known = held
 
     def _end_iteration(self) -> None:
         self._drain_deaths()
@@ -511,7 +517,8 @@ class OffloadRuntime:
         if self._cuda_engine is not None:  # device requests wait for work queued on this stream
             _gpu.set_stream(self._cuda_engine, torch.cuda.current_stream().cuda_stream)
         self.diverged = False
-        self._held_known = 0  # tensors held past their free that a wait did not end
+        self._held_known = 0  # tensors held past their free the last kernel left
+        self._yield_left = _YIELD_BUDGET_S
         self._signature = []
         L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
         self._diverged_before = self._stats.diverged_iterations
