@@ -132,6 +132,7 @@ class Lifetime:
 
     @property
     def floor_kernel(self) -> int:
+        """The first kernel whose need is floor_bytes."""
         return self._p.contents.floor_kernel
 
     def memory_curve(self) -> list[int]:

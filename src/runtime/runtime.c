@@ -815,6 +815,12 @@ bool tio_runtime_is_resident(const tio_runtime *rt, uint32_t tensor)
            rt->tensors[tensor].state == TENSOR_RESIDENT;
 }
 
+/* Does the tensor hold memory counted in resident_bytes? */
+static bool holds_memory(const rt_tensor *t)
+{
+    return t->bound && t->state != TENSOR_OFFLOADED;
+}
+
 static void list_held(tio_runtime *rt, uint32_t id)
 {
     rt->tensors[id].listed = true;
@@ -840,7 +846,7 @@ static uint32_t refresh_held(tio_runtime *rt, uint32_t k, uint32_t *ids, uint32_
             continue;
         }
         rt->held[kept++] = rt->held[i];
-        if (t->state != TENSOR_OFFLOADED && holding++ < cap)
+        if (holds_memory(t) && holding++ < cap)
             ids[holding - 1] = rt->held[i];
     }
     rt->n_held = kept;
@@ -860,12 +866,6 @@ int tio_runtime_held_past_free(tio_runtime *rt, uint32_t k, uint32_t *ids, uint3
         return 0;
     uint32_t n = refresh_held(rt, k, ids, cap);
     return n > INT_MAX ? INT_MAX : (int)n;
-}
-
-/* Does the tensor hold memory counted in resident_bytes? */
-static bool holds_memory(const rt_tensor *t)
-{
-    return t->bound && t->state != TENSOR_OFFLOADED;
 }
 
 int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64_t bytes)
@@ -1193,12 +1193,18 @@ static int validate_plan(const tio_plan *plan, const tio_trace *trace, const tio
     return 0;
 }
 
-/* last[t] = the last kernel that accesses tensor t (left as it was if none). */
-static void last_accesses(const tio_trace *trace, uint32_t *last)
+/* end[t] = where tensor t's memory ends in the trace: the kernel before
+ * which it was freed (its free_kernel, or the kernel after its last
+ * access); n_kernels for a global tensor.  `end` is zeroed, [n_tensors]. */
+static void tensor_ends(const tio_trace *trace, uint32_t *end)
 {
     for (uint32_t k = 0; k < trace->n_kernels; k++)
         for (uint32_t a = 0; a < trace->kernels[k].n_accesses; a++)
-            last[trace->accesses[trace->kernels[k].first_access + a].tensor] = k;
+            end[trace->accesses[trace->kernels[k].first_access + a].tensor] = k;
+    for (uint32_t t = 0; t < trace->n_tensors; t++) {
+        const tio_trace_tensor *tt = &trace->tensors[t];
+        end[t] = tt->global ? trace->n_kernels : tt->free_kernel ? tt->free_kernel : end[t] + 1;
+    }
 }
 
 /* The SSD space the plan needs at once, at least: a tensor keeps its
@@ -1210,11 +1216,11 @@ static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uin
 {
     uint32_t nt = trace->n_tensors, nk = trace->n_kernels;
     uint32_t *first = malloc(((size_t)nt + 1) * sizeof *first);
-    uint32_t *last = calloc((size_t)nt + 1, sizeof *last);
+    uint32_t *ends = calloc((size_t)nt + 1, sizeof *ends);
     int64_t *delta = calloc((size_t)nk + 1, sizeof *delta);
-    if (!first || !last || !delta) {
+    if (!first || !ends || !delta) {
         free(first);
-        free(last);
+        free(ends);
         free(delta);
         return tio_fail(-ENOMEM, "runtime: out of memory checking the plan's SSD space");
     }
@@ -1226,7 +1232,7 @@ static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uin
             m->trigger_kernel < first[m->tensor])
             first[m->tensor] = m->trigger_kernel;
     }
-    last_accesses(trace, last);
+    tensor_ends(trace, ends);
     uint64_t held = 0, peak = 0;
     for (uint32_t t = 0; t < nt; t++) {
         if (first[t] == UINT32_MAX)
@@ -1237,10 +1243,8 @@ static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uin
             held += bytes;
             continue;
         }
-        /* Held until the tensor dies: its free kernel where the trace has one. */
-        uint32_t end = (last[t] > first[t] ? last[t] : first[t]) + 1;
-        if (trace->tensors[t].free_kernel > end)
-            end = trace->tensors[t].free_kernel;
+        /* Held until the tensor dies (at its end), and at least over its offload. */
+        uint32_t end = ends[t] > first[t] ? ends[t] : first[t] + 1;
         delta[first[t]] += (int64_t)bytes;
         delta[end] -= (int64_t)bytes;
     }
@@ -1251,16 +1255,14 @@ static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uin
             peak = (uint64_t)now;
     }
     free(first);
-    free(last);
+    free(ends);
     free(delta);
     *out = held + peak;
     return 0;
 }
 
-/* Where each intermediate tensor's memory ends in the trace: the kernel
- * before which it was freed (its free_kernel, or the kernel after its last
- * access); n_kernels: held until the iteration ends.  The per-kernel lists
- * of tio_runtime_held_past_free. */
+/* Each tensor's end (tensor_ends), and the intermediate tensors grouped by
+ * it: the per-kernel lists of tio_runtime_held_past_free. */
 static int build_ends(tio_runtime *rt)
 {
     const tio_trace *trace = rt->trace;
@@ -1273,10 +1275,8 @@ static int build_ends(tio_runtime *rt)
         free(end);
         return tio_fail(-ENOMEM, "runtime: out of memory indexing %u tensors' ends", nt);
     }
-    last_accesses(trace, end);
+    tensor_ends(trace, end);
     for (uint32_t t = 0; t < nt; t++) {
-        const tio_trace_tensor *tt = &trace->tensors[t];
-        end[t] = tt->global ? nk : tt->free_kernel ? tt->free_kernel : end[t] + 1;
         rt->tensors[t].end = end[t];
         if (end[t] < nk)
             rt->end_start[end[t] + 1]++;

@@ -227,16 +227,24 @@ static void test_round_trip(void **state)
     tio_trace_destroy(t);
 }
 
-/* The example as version 2 with `free` records appended (each a line). */
-static char *example_with_free(const char *records)
+/* The example as file version `version` (one digit), line `line` replaced
+ * by `with` (as example_edit; 0: none), and `records` appended. */
+static char *example_records(char version, unsigned line, const char *with, const char *records)
 {
-    char *base = example_edit(1, "teraio-trace 2\n", N_LINES);
+    char *base = example_edit(line, with, N_LINES);
+    base[strlen("teraio-trace ")] = version;
     char *out = malloc(strlen(base) + strlen(records) + 1);
     assert_non_null(out);
     strcpy(out, base);
     strcat(out, records);
     free(base);
     return out;
+}
+
+/* The example as version 2 with `free` records appended (each a line). */
+static char *example_with_free(const char *records)
+{
+    return example_records('2', 0, NULL, records);
 }
 
 /* Version 2's free records: the kernel before which an intermediate tensor
@@ -315,14 +323,7 @@ static char *example_v3(const char *n_frees, const char *records)
 {
     char counts[64];
     snprintf(counts, sizeof counts, "counts 4 6 10%s\n", n_frees);
-    char *base = example_edit(4, counts, N_LINES);
-    base[strlen("teraio-trace ")] = '3';
-    char *out = malloc(strlen(base) + strlen(records) + 1);
-    assert_non_null(out);
-    strcpy(out, base);
-    strcat(out, records);
-    free(base);
-    return out;
+    return example_records('3', 4, counts, records);
 }
 
 /* Version 3 counts its free records and ends in a newline: a file cut after

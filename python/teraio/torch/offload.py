@@ -219,7 +219,7 @@ class OffloadRuntime:
         self._signature: list = []
         self._held_known = 0
         self._yield_left = _YIELD_BUDGET_S
-        self._threads_waited = 0  # kernels that waited for another thread's frees
+        self._frees_waited = 0  # kernels that waited for another thread's frees
         self._ids = StorageIds(on_death=lambda i, key: self._deaths.append((i, key)))
         globals_ = global_tensors(model, optimizer)
         devices = {t.device.type for t, _, _ in globals_}
@@ -434,7 +434,7 @@ class OffloadRuntime:
                 held = L.check(L.tio_runtime_held_past_free(self._p, k, None, 0))
             if held > self._held_known:
                 self._yield_left -= time.perf_counter() - t0
-            self._threads_waited += 1
+            self._frees_waited += 1
         self._held_known = held
 
     def _end_iteration(self) -> None:
@@ -550,7 +550,7 @@ class OffloadRuntime:
         s = L.RuntimeStats()
         L.tio_runtime_get_stats(self._p, ctypes.byref(s))
         out = {name: getattr(s, name) for name, _ in L.RuntimeStats._fields_}
-        out["frees_waited"] = self._threads_waited
+        out["frees_waited"] = self._frees_waited
         return out
 
     def close(self) -> None:
