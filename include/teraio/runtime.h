@@ -46,7 +46,7 @@
  * The capacity (the plan's capacity_bytes): resident_bytes at each kernel is
  * its value after kernel_begin(k) plus every allocation made until the next
  * kernel_begin or iteration_end (ensure_resident, tensor_bind,
- * account_untracked).  peak_resident_bytes is the largest such value over
+ * account_untracked, account_program).  peak_resident_bytes is the largest such value over
  * all kernels, so memory held between iterations (a fetch outside an
  * iteration) and before the first kernel does not count.  A kernel over the
  * capacity is counted (over_capacity_kernels, over_capacity_bytes_max) and
@@ -181,6 +181,19 @@ TIO_API int tio_runtime_iteration_end(tio_runtime *rt);
  * iteration_end() forgets what is left.  Returns 0, -EPERM, -EINVAL (more
  * removed than was added). */
 TIO_API int tio_runtime_account_untracked(tio_runtime *rt, int64_t delta_bytes);
+
+/* What a program whose buffers the adapter cannot see one by one holds (a
+ * compiled program: the most its code holds from one kernel_begin call to
+ * the next), for the capacity accounting: `held_bytes` counts every bound
+ * tensor at its full size, as if nothing were released.  It takes effect at
+ * the next tio_runtime_kernel_begin, before that kernel's window opens: the
+ * untracked total becomes held_bytes less the bytes of every bound tensor
+ * (0 if they are more), so resident_bytes is held_bytes less what the
+ * runtime has released, plus what it brings back inside the window.  It
+ * stays in effect until the next call or iteration_end, and replaces what
+ * tio_runtime_account_untracked added.  Returns 0, -EINVAL (NULL runtime,
+ * or no iteration begun), -EPERM (another thread). */
+TIO_API int tio_runtime_account_program(tio_runtime *rt, uint64_t held_bytes);
 
 /* Kernel k (name as in the trace) is about to run: fire its migrations.
  * Returns 0; 1 if this call detected divergence (on-demand mode for the

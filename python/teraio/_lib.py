@@ -299,6 +299,7 @@ tio_runtime_tensor_unbind = _fn("tio_runtime_tensor_unbind", c_int, c_void_p, c_
 tio_runtime_iteration_begin = _fn("tio_runtime_iteration_begin", c_int, c_void_p)
 tio_runtime_iteration_end = _fn("tio_runtime_iteration_end", c_int, c_void_p)
 tio_runtime_account_untracked = _fn("tio_runtime_account_untracked", c_int, c_void_p, c_int64)
+tio_runtime_account_program = _fn("tio_runtime_account_program", c_int, c_void_p, c_uint64)
 tio_runtime_kernel_begin = _fn("tio_runtime_kernel_begin", c_int, c_void_p, c_uint32, c_char_p)
 tio_runtime_ensure_resident = _fn("tio_runtime_ensure_resident", c_int, c_void_p, c_uint32,
                                   POINTER(c_void_p))

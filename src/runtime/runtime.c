@@ -38,7 +38,9 @@
  *
  * Memory accounting: resident_bytes counts every bound tensor whose memory
  * is held (RESIDENT, OFFLOADING, PREFETCHING) plus the adapter's untracked
- * bytes.  A kernel's window opens at the end of its kernel_begin (releases
+ * bytes (added by account_untracked, or set at kernel_begin from the
+ * program's bytes that account_program gave, less every bound tensor's
+ * full size).  A kernel's window opens at the end of its kernel_begin (releases
  * precede allocations there, so that is the largest value inside the call)
  * and closes at the next kernel_begin or iteration_end; every growth inside
  * an open window is checked against the peak and the capacity.
@@ -141,6 +143,9 @@ struct tio_runtime {
     uint32_t window_kernel;        /* the kernel whose window is open */
     uint32_t next_kernel;          /* one past the last kernel_begin index of the iteration */
     uint64_t untracked_bytes;      /* tio_runtime_account_untracked total */
+    uint64_t bound_bytes;          /* full size of every bound tensor, whatever its state */
+    uint64_t program_bytes;        /* tio_runtime_account_program's value, for the next kernel */
+    bool program_pending;          /* ... not yet applied */
     uint32_t *end_start;           /* [n_kernels + 1] offsets into end_ids, by end kernel */
     uint32_t *end_ids;             /* intermediate tensors grouped by their end in the trace */
     uint32_t *held;                /* [n_tensors] bound tensors past their end (`listed`) */
@@ -681,6 +686,18 @@ static int diverge(tio_runtime *rt, uint32_t k, const char *why)
     return first < 0 ? first : 1;
 }
 
+/* tio_runtime_account_program's value becomes the untracked total (its
+ * window closed: nothing is checked here). */
+static void apply_program_bytes(tio_runtime *rt)
+{
+    if (!rt->program_pending)
+        return;
+    rt->program_pending = false;
+    uint64_t u = rt->program_bytes > rt->bound_bytes ? rt->program_bytes - rt->bound_bytes : 0;
+    rt->stats.resident_bytes = rt->stats.resident_bytes - rt->untracked_bytes + u;
+    rt->untracked_bytes = u;
+}
+
 /* Kernel k's window opens (the previous one closed at the start of this
  * kernel_begin). */
 static void open_window(tio_runtime *rt, uint32_t k)
@@ -699,6 +716,7 @@ int tio_runtime_kernel_begin(tio_runtime *rt, uint32_t k, const char *name)
     if (first < 0)
         return first;
     rt->window_open = false;
+    apply_program_bytes(rt);
     if (k >= rt->next_kernel)
         rt->next_kernel = k + 1;
     if (rt->iter_diverged) {
@@ -903,6 +921,8 @@ int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64
     clear_pending_error(t);
     if (holds_memory(t))
         rt->stats.resident_bytes -= t->bytes;
+    if (!t->bound)
+        rt->bound_bytes += t->bytes;
     t->addr = addr;
     t->bound = true;
     t->state = TENSOR_RESIDENT;
@@ -926,6 +946,8 @@ static int unbind(tio_runtime *rt, uint32_t id)
     }
     free(t->host_copy);
     t->host_copy = NULL;
+    if (t->bound)
+        rt->bound_bytes -= t->bytes;
     t->addr = NULL;
     t->bound = false;
     t->state = TENSOR_RESIDENT;
@@ -1097,6 +1119,7 @@ int tio_runtime_iteration_end(tio_runtime *rt)
     }
     rt->stats.resident_bytes -= rt->untracked_bytes;
     rt->untracked_bytes = 0;
+    rt->program_pending = false;
     rt->in_iteration = false;
     rt->iter_diverged = false;
     return first;
@@ -1122,6 +1145,20 @@ int tio_runtime_account_untracked(tio_runtime *rt, int64_t delta_bytes)
     }
     rt->untracked_bytes += (uint64_t)delta_bytes;
     resident_add(rt, (uint64_t)delta_bytes);
+    return 0;
+}
+
+int tio_runtime_account_program(tio_runtime *rt, uint64_t held_bytes)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_account_program: runtime is NULL");
+    int rc = check_thread(rt, "tio_runtime_account_program");
+    if (rc < 0)
+        return rc;
+    if (!rt->in_iteration)
+        return tio_fail(-EINVAL, "runtime_account_program: no iteration was begun");
+    rt->program_bytes = held_bytes;
+    rt->program_pending = true;
     return 0;
 }
 

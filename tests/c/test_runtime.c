@@ -834,6 +834,46 @@ static void test_over_capacity_kernels_are_counted(void **state)
     assert_int_equal(stats_of(f).resident_bytes, 0);
 }
 
+/* A program's own bytes (the compiled path: what Inductor's code holds)
+ * set the untracked total at the next kernel_begin, less the bound
+ * tensors' full size, so resident is the program's bytes less what the
+ * runtime released (T2, offloaded to the host at kernel 2). */
+static void test_account_program(void **state)
+{
+    fixture *f = *state;
+    f->migrations[0] = migration(2, TIO_MIGRATION_OFFLOAD, 1, 2, TIO_TIER_HOST);
+    plan_init(&f->plan, f->migrations, 1);
+    tio_runtime_destroy(f->rt);
+    assert_int_equal(tio_runtime_create(&f->plan, f->trace, f->engine, &f->cb, &f->rt), 0);
+    assert_int_equal(tio_runtime_account_program(f->rt, 1), -EINVAL); /* no iteration */
+    assert_int_equal(tio_runtime_account_program(NULL, 1), -EINVAL);
+    bind_all(f);
+    assert_int_equal(tio_runtime_iteration_begin(f->rt), 0);
+    assert_int_equal(tio_runtime_account_program(f->rt, ALL_BYTES + 500), 0);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES); /* not before kernel_begin */
+    run_kernels(f, 0, 1);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES + 500);
+    assert_int_equal(tio_runtime_account_program(f->rt, ALL_BYTES + 100), 0);
+    run_kernels(f, 1, 2);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES + 100);
+    assert_int_equal(tio_runtime_account_program(f->rt, ALL_BYTES), 0);
+    run_kernels(f, 2, 3);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES - T2_BYTES);
+    /* less than the bound tensors: they count, nothing else */
+    assert_int_equal(tio_runtime_account_program(f->rt, 10), 0);
+    run_kernels(f, 3, 4);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES - T2_BYTES);
+    assert_int_equal(tio_runtime_ensure_resident(f->rt, 2, NULL), 1);
+    run_kernels(f, 4, 6);
+    tio_runtime_stats s = stats_of(f);
+    assert_int_equal(s.resident_bytes, ALL_BYTES);
+    assert_int_equal(s.peak_resident_bytes, ALL_BYTES + 500);
+    assert_int_equal(s.over_capacity_kernels, 2);
+    assert_int_equal(s.over_capacity_bytes_max, 500);
+    assert_int_equal(tio_runtime_iteration_end(f->rt), 0);
+    assert_int_equal(stats_of(f).resident_bytes, 0);
+}
+
 /* A kernel that diverges resumes the plan in the next iteration. */
 static void test_next_iteration_after_divergence_runs_the_plan(void **state)
 {
@@ -857,7 +897,7 @@ static void test_next_iteration_after_divergence_runs_the_plan(void **state)
 
 typedef struct {
     tio_runtime *rt;
-    int rc[7];
+    int rc[8];
     char msg[256];
 } other_thread_calls;
 
@@ -872,6 +912,7 @@ static void *call_from_other_thread(void *arg)
     c->rc[4] = tio_runtime_tensor_unbind(c->rt, 1);
     c->rc[5] = tio_runtime_fetch_all(c->rt);
     c->rc[6] = tio_runtime_iteration_end(c->rt);
+    c->rc[7] = tio_runtime_account_program(c->rt, 1);
     snprintf(c->msg, sizeof c->msg, "%s", tio_last_error());
     return NULL;
 }
@@ -889,7 +930,7 @@ static void test_calls_from_another_thread_are_refused(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, call_from_other_thread, &c), 0);
     assert_int_equal(pthread_join(th, NULL), 0);
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 8; i++)
         assert_int_equal(c.rc[i], -EPERM);
     assert_non_null(strstr(c.msg, "another thread"));
     tio_runtime_stats s = stats_of(f);
@@ -1296,6 +1337,7 @@ int main(void)
                                         fixture_teardown),
         cmocka_unit_test_setup_teardown(test_over_capacity_kernels_are_counted, setup_psync,
                                         fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_account_program, setup_host_only, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_next_iteration_after_divergence_runs_the_plan,
                                         setup_psync, fixture_teardown),
         cmocka_unit_test_setup_teardown(test_calls_from_another_thread_are_refused, setup_psync,
