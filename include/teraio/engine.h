@@ -49,9 +49,10 @@
  * docs/engine.md.
  *
  * Environment (read once, by tio_engine_create):
- *   TIO_ENGINE_BACKEND=auto|io_uring|psync  overrides options.backend, e.g.
- *       for systems whose seccomp filter breaks io_uring in odd ways.  An
- *       invalid value makes create fail with -EINVAL.
+ *   TERAIO_ENGINE_BACKEND=auto|io_uring|psync  overrides options.backend,
+ *       e.g. for systems whose seccomp filter breaks io_uring in odd ways.
+ *       An invalid value makes create fail with -EINVAL.  The older name
+ *       TIO_ENGINE_BACKEND is read when TERAIO_ENGINE_BACKEND is unset.
  * Fault injection and forced probe refusals for tests are not reachable from
  * here or from the environment: tests pass them explicitly (the private
  * src/engine/engine_test.h).

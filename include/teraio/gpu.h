@@ -39,16 +39,18 @@
  * on machines with and without a GPU.  CUDA support is compiled in when the
  * build found a CUDA toolkit (CMake option TIO_CUDA=AUTO|ON|OFF); otherwise
  * every call here reports "not built".  Search order, first match wins:
- *   libcudart: $TIO_CUDART_LIBRARY (a path; nothing else is tried), a
+ *   libcudart: $TERAIO_CUDART_LIBRARY (a path; nothing else is tried), a
  *              libcudart already loaded in the process (PyTorch's),
  *              libcudart.so.13 / .so.12 on the loader's path, the toolkit
  *              found at build time, libcudart.so.
- *   libcufile: $TIO_CUFILE_LIBRARY (likewise), one already loaded,
+ *   libcufile: $TERAIO_CUFILE_LIBRARY (likewise), one already loaded,
  *              libcufile.so.0 on the loader's path, beside the libcudart in
  *              use (the nvidia-cufile Python package sits beside
  *              nvidia-cuda-runtime: <site>/nvidia/cu13/lib or
  *              <site>/nvidia/cufile/lib), the toolkit found at build time.
- * Both are read once per process, at the first call that needs them.
+ * Both are read once per process, at the first call that needs them.  The
+ * older names $TIO_CUDART_LIBRARY and $TIO_CUFILE_LIBRARY are read when the
+ * TERAIO_ ones are unset.
  * cuFile's driver is opened by the first attach that uses it and closed
  * (cuFileDriverClose_v2, else cuFileDriverClose) when the last engine using
  * it is destroyed.  Do not fork() after a GPU was attached.

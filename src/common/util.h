@@ -1,7 +1,7 @@
 /*
  * common/util.h — internal helpers shared by the modules: recording errors
- * (tio_fail), logging, growable arrays, atomic file writes, a line reader.
- * Not part of the public API.
+ * (tio_fail), logging, growable arrays, atomic file writes, a line reader,
+ * the environment (tio_env).  Not part of the public API.
  */
 #ifndef TERAIO_UTIL_H
 #define TERAIO_UTIL_H
@@ -79,5 +79,13 @@ char *tio_format_bytes(uint64_t bytes, char *buf);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t tio_now_ns(void);
+
+/* The environment variable TERAIO_<suffix> (env.c), or, when that is unset,
+ * the older TIO_<suffix>: tio_env("ENGINE_BACKEND") reads
+ * $TERAIO_ENGINE_BACKEND, then $TIO_ENGINE_BACKEND.  A TERAIO_ variable that
+ * is set wins even when empty.  Returns getenv's string (not to be freed;
+ * valid until the environment changes), or NULL when neither is set or the
+ * name would exceed 127 bytes.  As thread-safe as getenv. */
+const char *tio_env(const char *suffix);
 
 #endif

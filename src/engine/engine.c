@@ -11,8 +11,9 @@
  * both backends share (prepare / account / finish) and the per-extent CRC32C
  * live here too.  The backends sit behind tio_backend_ops; the backing files
  * are backing_file.c's, the test hooks fault.c's.  Device memory (gpu.h)
- * leaves here at submit: its chunks go to the staging ring or the cuFile
- * threads (gpu.c routes them) and come back through tio_chunk_complete.
+ * leaves here at submit through the device route (tio_engine_device_route,
+ * set by src/gpu at attach): its chunks go to the staging ring or the
+ * cuFile threads and come back through tio_chunk_complete.
  */
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -138,7 +139,7 @@ static int check_options(const tio_engine_options *in, tio_engine_options *opt)
  * systems whose seccomp filter breaks io_uring in odd ways). */
 static int apply_backend_env(tio_engine *e, bool *forced_by_env)
 {
-    const char *v = getenv("TIO_ENGINE_BACKEND");
+    const char *v = tio_env("ENGINE_BACKEND");
     *forced_by_env = false;
     if (!v || !v[0])
         return 0;
@@ -386,8 +387,8 @@ void tio_engine_destroy(tio_engine *engine)
         free(r);
         r = next;
     }
-    if (engine->gpu)
-        tio_gpu_detach(engine);
+    if (engine->device)
+        engine->device->detach(engine);
     engine->ops->stop(engine);
     free_engine(engine);
 }
@@ -531,8 +532,8 @@ void tio_chunk_finish(tio_engine *e, tio_chunk *c, int err)
                  tio_strerror(err));
     else if ((r->track && !r->no_crc) || r->verify)
         err = check_chunk(c, msg, sizeof msg);
-    if (c->path == TIO_CHUNK_STAGED) {
-        tio_staging_chunk_done(e, c, err, msg); /* it completes the chunk */
+    if (c->path == TIO_CHUNK_STAGED && e->device) {
+        e->device->chunk_done(e, c, err, msg); /* it completes the chunk */
         return;
     }
     if (!err && c->op == TIO_OP_READ && c->bounce)
@@ -551,8 +552,8 @@ void tio_chunk_complete(tio_engine *e, tio_chunk *c, int err, const char *msg)
         snprintf(r->msg, sizeof r->msg, "%s", msg);
     }
     if (--r->chunks_left == 0) {
-        if (r->device)
-            tio_gpu_request_done(e, r);
+        if (r->device && e->device)
+            e->device->request_done(e, r);
         publish(e, r); /* from here on, r may be freed by its reaper */
     }
     pthread_mutex_unlock(&e->done_mu);
@@ -690,8 +691,8 @@ static void enqueue_request(tio_engine *e, tio_req *r)
     if (r->n_chunks == 0)
         publish(e, r);
     pthread_mutex_unlock(&e->done_mu);
-    if (r->device) {
-        tio_gpu_enqueue_request(e, r);
+    if (r->device && e->device) {
+        e->device->enqueue(e, r);
         return;
     }
     for (uint32_t di = 0; di < e->n_dirs && r->n_chunks; di++) {
@@ -737,9 +738,9 @@ static int submit(tio_engine *e, int op, const tio_extent *x, char *buf, uint64_
         return tio_fail(-ENOMEM, "engine: out of memory queueing a %llu-byte request",
                         (unsigned long long)bytes);
     }
-    if (e->gpu && bytes && tio_cuda_is_device(e->gpu->rt, buf)) {
+    if (e->device && bytes && e->device->is_device(e, buf)) {
         r->device = true;
-        if ((rc = tio_gpu_prepare_request(e, r, 0)) != 0) {
+        if ((rc = e->device->prepare(e, r, 0)) != 0) {
             free(r);
             return rc;
         }
@@ -908,6 +909,8 @@ int tio_engine_dir_io(tio_engine *e, uint32_t dir, int op, void *buf, uint64_t b
     tio_dir *d = &e->dirs[dir];
     uint64_t max = e->bounce_bytes; /* min(request_bytes, stripe_bytes), as any chunk */
     uint64_t n = (bytes + max - 1) / max;
+    if (!e->device)
+        return tio_fail(-EINVAL, "engine: device transfer without a device route");
     if (bytes == 0 || bytes > d->file_bytes || n > UINT32_MAX)
         return tio_fail(-EINVAL, "engine: %llu probe bytes for '%s'", (unsigned long long)bytes,
                         d->file);
@@ -932,7 +935,7 @@ int tio_engine_dir_io(tio_engine *e, uint32_t dir, int op, void *buf, uint64_t b
         c->io_len = (uint32_t)((len + TIO_EXTENT_ALIGN - 1) & ~(uint64_t)(TIO_EXTENT_ALIGN - 1));
         c->user_ptr = (char *)buf + pos;
     }
-    int rc = tio_gpu_prepare_request(e, r, path);
+    int rc = e->device->prepare(e, r, path);
     if (rc) {
         free(r);
         return rc;

@@ -16,14 +16,15 @@
  * completed list, where tio_engine_reap (or a synchronous helper) picks it
  * up.
  *
- * Device memory (gpu.h): a request whose buffer is CUDA device memory has
- * its chunks marked STAGED or CUFILE.  STAGED chunks reach the pending
- * queues only once the staging ring (staging.c) has given them pinned host
- * memory (and, for writes, copied the device bytes into it); when their
- * disk transfer ends the ring takes them back (tio_staging_chunk_done) and
- * completes them after the copy to the device.  CUFILE chunks go to their
- * directory's cuFile threads (backend_cufile.c) instead of the pending
- * queues.
+ * Device memory (gpu.h) is src/gpu's, reached only through the device
+ * route (tio_engine_device_route below): the engine knows no CUDA call and
+ * includes nothing of src/gpu, and src/gpu sits on the engine.  A request
+ * whose buffer the route claims has its chunks marked STAGED or CUFILE.
+ * STAGED chunks reach the pending queues only once the staging ring has
+ * given them pinned host memory (and, for writes, copied the device bytes
+ * into it); when their disk transfer ends the route's chunk_done takes them
+ * back and completes them after the copy to the device.  CUFILE chunks go
+ * to their directory's cuFile threads instead of the pending queues.
  *
  * Locks: tio_dir.mu, then tio_engine.done_mu, never the other way round;
  * registering a buffer takes every tio_dir.mu in directory order.  The
@@ -38,7 +39,6 @@
 
 #include "common/util.h"
 #include "engine/engine_test.h"
-#include "engine/gpu_internal.h"
 #include "teraio/engine.h"
 
 enum { TIO_OP_READ = 0, TIO_OP_WRITE = 1 };
@@ -115,7 +115,8 @@ struct tio_req {
     bool no_crc;            /* some chunk moves by cuFile: nothing is checked,
                                a write records its extent as unchecked */
     bool stage_waited;      /* staging: a copy stream waits for ready_ev */
-    tio_cuda_event ready_ev;/* device: recorded on the compute stream at submit */
+    void *ready_ev;         /* device: the CUDA event the route recorded on the
+                               compute stream at submit */
     struct tio_req *stage_link; /* staging ring's queue of requests */
     uint32_t stage_next;    /* staging: first chunk not yet in a group */
     char *buf;
@@ -143,6 +144,34 @@ typedef struct {
     /* All requests finished: stop the threads (and close the rings). */
     void (*stop)(tio_engine *engine);
 } tio_backend_ops;
+
+/* The device-memory route: how requests on device memory leave the engine
+ * and come back.  One table, gpu/gpu.c's, set in tio_engine.device by
+ * tio_engine_gpu_attach and cleared by its detach; the engine calls it only
+ * while it is set, so the dependency points one way, src/gpu -> src/engine.
+ * Its state is tio_engine.gpu, opaque here. */
+typedef struct {
+    /* Is `buf` device memory this route moves?  Caller's thread. */
+    bool (*is_device)(const tio_engine *engine, const void *buf);
+    /* A device request (r->device set): set its chunks' paths (force_path:
+     * TIO_CHUNK_STAGED or _CUFILE for all, 0: each directory's choice) and
+     * record its ready event.  Returns 0 or -errno (message set); caller's
+     * thread. */
+    int (*prepare)(tio_engine *engine, tio_req *r, uint8_t force_path);
+    /* Hand a prepared request's chunks to their paths (instead of the
+     * pending queues); caller's thread, no lock held. */
+    void (*enqueue)(tio_engine *engine, tio_req *r);
+    /* A device request's last chunk is done: recycle what prepare took;
+     * done_mu held (the route's lock under it is a leaf). */
+    void (*request_done)(tio_engine *engine, tio_req *r);
+    /* A STAGED chunk's disk transfer ended with `err` (`msg` when err != 0):
+     * the route completes it (tio_chunk_complete) once its bytes are in
+     * place.  Backend thread, no lock held. */
+    void (*chunk_done)(tio_engine *engine, tio_chunk *c, int err, const char *msg);
+    /* Stop and free the route's state and clear tio_engine.device (after
+     * every request has ended: tio_engine_destroy). */
+    void (*detach)(tio_engine *engine);
+} tio_engine_device_route;
 
 struct tio_dir {
     tio_engine *engine;
@@ -216,7 +245,8 @@ struct tio_engine {
     uint32_t n_bounce;      /* the most bounce buffers of any directory: the
                                first ring slots; callers' regions follow */
 
-    tio_engine_gpu *gpu;        /* tio_engine_gpu_attach; NULL without */
+    const tio_engine_device_route *device; /* tio_engine_gpu_attach; NULL without */
+    struct tio_engine_gpu *gpu; /* the route's state (src/gpu), NULL without */
 
     /* Test hooks (engine_test.h), all zero outside tests. */
     tio_engine_test_options test;

@@ -1,9 +1,11 @@
 /*
  * tests/c/gpu_test.h — what the GPU tests share: the stand-in libraries
  * (tests/c/standin_cudart.c, standin_cufile.c, built by CMake into the
- * folder TIO_STANDIN_DIR names, or the environment variable of that name) put in place of libcudart and libcufile before teraio looks
- * for them, their controls, "device" buffers, and engines over temporary
- * directories.  Include it once, from a test's .c file.
+ * folder TIO_STANDIN_DIR names, or $TERAIO_STANDIN_DIR / $TIO_STANDIN_DIR)
+ * put in place of libcudart and libcufile (through $TERAIO_CUDART_LIBRARY
+ * and $TERAIO_CUFILE_LIBRARY) before teraio looks for them, their
+ * controls, "device" buffers, and engines over temporary directories.
+ * Include it once, from a test's .c file.
  */
 #ifndef TIO_GPU_TEST_H
 #define TIO_GPU_TEST_H
@@ -17,8 +19,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/util.h"
 #include "engine/engine_internal.h"
 #include "engine_create.h"
+#include "gpu/gpu_internal.h"
 #include "teraio/gpu.h"
 
 #define KIB 1024u
@@ -93,11 +97,11 @@ static inline void *open_standin(const char *path)
 static inline void use_standins(const char *cufile_variant)
 {
     char path[PATH_MAX];
-    const char *dir = getenv("TIO_STANDIN_DIR"); /* a build carried to another machine */
+    const char *dir = tio_env("STANDIN_DIR"); /* a build carried to another machine */
     if (!dir || !dir[0])
         dir = TIO_STANDIN_DIR;
     snprintf(path, sizeof path, "%s/libtio_standin_cudart.so", dir);
-    setenv("TIO_CUDART_LIBRARY", path, 1);
+    setenv("TERAIO_CUDART_LIBRARY", path, 1);
     void *h = open_standin(path);
     SYM(cuda, Malloc, "cudaMalloc");
     SYM(cuda, Free, "cudaFree");
@@ -114,11 +118,11 @@ static inline void use_standins(const char *cufile_variant)
     SYM(cuda, get_stats, "standin_cuda_get_stats");
     SYM(cuda, device_seen, "standin_cuda_device_seen");
     if (!cufile_variant) {
-        setenv("TIO_CUFILE_LIBRARY", "/nonexistent/libcufile.so.0", 1);
+        setenv("TERAIO_CUFILE_LIBRARY", "/nonexistent/libcufile.so.0", 1);
         return;
     }
     snprintf(path, sizeof path, "%s/libtio_standin_cufile%s.so", dir, cufile_variant);
-    setenv("TIO_CUFILE_LIBRARY", path, 1);
+    setenv("TERAIO_CUFILE_LIBRARY", path, 1);
     h = open_standin(path);
     SYM(cufile, set, "standin_cufile_set");
     SYM(cufile, fail_io, "standin_cufile_fail_io");
@@ -139,7 +143,7 @@ static inline void skip_without_cuda(void)
 
 static inline int dirs_setup(void **state)
 {
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     if (!base || !base[0])
         base = "/tmp";
     mkdir(base, 0755);

@@ -22,8 +22,9 @@
  *   - standin_cuda_launch_fill queues a "kernel" on a stream that writes a
  *     byte over device memory after a delay, so tests can prove that copies
  *     wait for the compute stream.
- * Devices: $TIO_STANDIN_CUDA_DEVICES (default 1; 0: cudaGetDeviceCount
- * fails with cudaErrorNoDevice, as on a machine without a GPU).
+ * Devices: $TERAIO_STANDIN_CUDA_DEVICES, else $TIO_STANDIN_CUDA_DEVICES
+ * (default 1; 0: cudaGetDeviceCount fails with cudaErrorNoDevice, as on a
+ * machine without a GPU).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -121,7 +122,11 @@ static void drop_range(range *r) { *r = g_ranges[--g_n_ranges]; }
 
 static int ndevices(void)
 {
-    const char *v = getenv("TIO_STANDIN_CUDA_DEVICES");
+    /* tio_env's rule (src/common/env.c), spelled out: a stand-in libcudart
+     * links nothing of teraio */
+    const char *v = getenv("TERAIO_STANDIN_CUDA_DEVICES");
+    if (!v)
+        v = getenv("TIO_STANDIN_CUDA_DEVICES");
     return v ? atoi(v) : 1;
 }
 

@@ -1,6 +1,6 @@
 /*
  * tests/c/test_cuda_abi.c — teraio's own declarations of the CUDA runtime
- * (src/engine/gpu_internal.h) against the toolkit's cuda_runtime_api.h,
+ * (src/gpu/gpu_internal.h) against the toolkit's cuda_runtime_api.h,
  * where the build found a toolkit (CMake adds its include directory to this
  * test only; the library itself never includes a CUDA header).
  *
@@ -19,7 +19,7 @@
 
 #include <stdio.h>
 
-#include "engine/gpu_internal.h"
+#include "gpu/gpu_internal.h"
 
 #if __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 /*
  * tests/c/test_cufile.c — the cuFile loader and the GPUDirect Storage path
- * (src/engine/cufile.c, backend_cufile.c), against the stand-in libcufile
+ * (src/gpu/cufile.c, backend_cufile.c), against the stand-in libcufile
  * the tests build (tests/c/standin_cufile.c: the same symbols, POSIX I/O,
  * structs read at cufile.h's byte offsets) and the stand-in libcudart.
  *

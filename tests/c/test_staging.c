@@ -1,5 +1,5 @@
 /*
- * tests/c/test_staging.c — the pinned staging ring (src/engine/staging.c)
+ * tests/c/test_staging.c — the pinned staging ring (src/gpu/staging.c)
  * on the CPU, with the stand-in libcudart (host memcpy on stream threads)
  * in place of CUDA.
  *
@@ -420,7 +420,7 @@ static void test_staging_corruption_detected(void **state)
  * and attaching for a device that is not current is refused. */
 static void test_staging_second_device(void **state)
 {
-    setenv("TIO_STANDIN_CUDA_DEVICES", "2", 1);
+    setenv("TERAIO_STANDIN_CUDA_DEVICES", "2", 1);
     assert_int_equal(cuda.SetDevice(1), 0);
     tio_engine *e = gpu_engine(TIO_BACKEND_PSYNC, 1, 8 * MIB, 0, NULL);
     tio_engine_gpu_options go;
@@ -444,7 +444,7 @@ static void test_staging_second_device(void **state)
     cuda.Free(dst);
     tio_engine_destroy(e);
     assert_int_equal(cuda.SetDevice(0), 0);
-    unsetenv("TIO_STANDIN_CUDA_DEVICES");
+    unsetenv("TERAIO_STANDIN_CUDA_DEVICES");
 }
 
 /* Host memory keeps the host path when a GPU is attached; tio_engine_copy

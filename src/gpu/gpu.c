@@ -1,5 +1,5 @@
 /*
- * engine/gpu.c — attaching a GPU to an engine (gpu.h): options, the per-
+ * gpu/gpu.c — attaching a GPU to an engine (gpu.h): options, the per-
  * directory choice between the staging ring and cuFile, routing device
  * requests, the events that order them after the compute stream.
  *
@@ -9,12 +9,17 @@
  * where it took less time.  In compatibility mode (no nvidia-fs) cuFile
  * does POSIX I/O plus a copy inside the library, usually slower than the
  * ring: the probe then keeps staging, and the reason says so.
+ *
+ * The engine reaches this folder only through the device route that attach
+ * sets (tio_engine_device_route, engine_internal.h): src/gpu includes the
+ * engine, never the other way round.
  */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "gpu/gpu_internal.h"
 
 #define MIB (1024ull * 1024ull)
 
@@ -96,7 +101,9 @@ static int event_get(tio_engine_gpu *g, tio_cuda_event *out)
     return rc;
 }
 
-void tio_gpu_request_done(tio_engine *e, tio_req *r)
+/* Route: the request is finished, recycle its event; done_mu held (ev_mu is
+ * a leaf lock). */
+static void request_done(tio_engine *e, tio_req *r)
 {
     tio_engine_gpu *g = e->gpu;
     if (!r->ready_ev)
@@ -109,7 +116,16 @@ void tio_gpu_request_done(tio_engine *e, tio_req *r)
 
 /* ---- routing ----------------------------------------------------------- */
 
-int tio_gpu_prepare_request(tio_engine *e, tio_req *r, uint8_t force_path)
+/* Route: is `buf` device memory? */
+static bool is_device(const tio_engine *e, const void *buf)
+{
+    return tio_cuda_is_device(e->gpu->rt, buf);
+}
+
+/* Route: set the chunks' paths (force_path: TIO_CHUNK_STAGED or _CUFILE for
+ * all, 0: each directory's) and record the ready event on the compute
+ * stream.  Returns 0 or -errno (message set); caller's thread. */
+static int prepare_request(tio_engine *e, tio_req *r, uint8_t force_path)
 {
     tio_engine_gpu *g = e->gpu;
     for (uint32_t i = 0; i < r->n_chunks; i++) {
@@ -139,7 +155,8 @@ int tio_gpu_prepare_request(tio_engine *e, tio_req *r, uint8_t force_path)
     return rc;
 }
 
-void tio_gpu_enqueue_request(tio_engine *e, tio_req *r)
+/* Route: hand the chunks to the cuFile threads and the staging ring. */
+static void enqueue_request(tio_engine *e, tio_req *r)
 {
     tio_engine_gpu *g = e->gpu;
     bool staged = false, cufile = false;
@@ -289,9 +306,18 @@ static void free_gpu(tio_engine *e)
     pthread_mutex_destroy(&g->ev_mu);
     free(g);
     e->gpu = NULL;
+    e->device = NULL;
 }
 
-void tio_gpu_detach(tio_engine *e) { free_gpu(e); }
+/* What the engine calls for device memory (engine_internal.h). */
+static const tio_engine_device_route gpu_route = {
+    .is_device = is_device,
+    .prepare = prepare_request,
+    .enqueue = enqueue_request,
+    .request_done = request_done,
+    .chunk_done = tio_staging_chunk_done,
+    .detach = free_gpu,
+};
 
 int tio_engine_gpu_attach(tio_engine *e, const tio_engine_gpu_options *opt)
 {
@@ -377,6 +403,7 @@ int tio_engine_gpu_attach_test(tio_engine *e, const tio_engine_gpu_options *in,
         g->test = *test;
     pthread_mutex_init(&g->ev_mu, NULL);
     e->gpu = g;
+    e->device = &gpu_route; /* the probe (choose_paths) moves device memory */
     char ring[200] = "";
     if ((rc = tio_staging_start(e, &g->staging)) != 0 || (rc = choose_paths(e)) != 0) {
         free_gpu(e);

@@ -1,5 +1,5 @@
 /*
- * engine/staging.c — the pinned staging ring: device memory to and from the
+ * gpu/staging.c — the pinned staging ring: device memory to and from the
  * SSDs through host memory, copies overlapped with disk I/O.
  *
  * The ring is one allocation of `slots x chunk_bytes`, made once at attach:
@@ -44,6 +44,7 @@
 #include <sys/resource.h>
 
 #include "engine/engine_internal.h"
+#include "gpu/gpu_internal.h"
 
 #define MIB (1024ull * 1024ull)
 

@@ -1,5 +1,5 @@
 /*
- * engine/cufile.c — cuFile (GPUDirect Storage), loaded with dlopen.
+ * gpu/cufile.c — cuFile (GPUDirect Storage), loaded with dlopen.
  *
  * No cufile.h: teraio declares the few types it passes (gpu_internal.h,
  * with static asserts on their layout) and looks every entry point up on
@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "engine/gpu_internal.h"
+#include "gpu/gpu_internal.h"
 #include "teraio_config.h"
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -205,7 +205,7 @@ static void *open_beside_cudart(void)
 
 static void *open_library(void)
 {
-    const char *env = getenv("TIO_CUFILE_LIBRARY");
+    const char *env = tio_env("CUFILE_LIBRARY");
     if (env && env[0]) {
         void *h = try_open(env);
         if (!h)

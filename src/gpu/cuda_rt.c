@@ -1,5 +1,5 @@
 /*
- * engine/cuda_rt.c — the CUDA runtime, loaded with dlopen.
+ * gpu/cuda_rt.c — the CUDA runtime, loaded with dlopen.
  *
  * Why dlopen and not a link: a library linked against libcudart cannot be
  * loaded where libcudart is missing (every CPU-only machine, the wheel on
@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "engine/gpu_internal.h"
+#include "gpu/gpu_internal.h"
 #include "teraio_config.h"
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -46,7 +46,7 @@ static int find_loaded(struct dl_phdr_info *info, size_t size, void *data)
 /* dlopen the first candidate that loads; its path (or name) into g_info. */
 static void *open_library(char *why, size_t why_len)
 {
-    const char *env = getenv("TIO_CUDART_LIBRARY");
+    const char *env = tio_env("CUDART_LIBRARY");
     if (env && env[0]) {
         void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         if (!h)

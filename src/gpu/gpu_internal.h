@@ -1,8 +1,11 @@
 /*
- * engine/gpu_internal.h — teraio's own declarations of the CUDA runtime and
+ * gpu/gpu_internal.h — teraio's own declarations of the CUDA runtime and
  * cuFile entry points it loads with dlopen, and the engine's GPU state (the
  * staging ring in staging.c, GPUDirect Storage in backend_cufile.c, the
- * attachment in gpu.c).
+ * attachment in gpu.c).  Only src/gpu and the GPU tests include it: the
+ * engine reaches the GPU through the device route gpu.c sets at attach
+ * (tio_engine_device_route in engine/engine_internal.h), and tio_engine.gpu
+ * points to the tio_engine_gpu below.
  *
  * No CUDA or cuFile header is included anywhere in the library: the types
  * below are written from the published ABI (cuda_runtime_api.h,
@@ -318,18 +321,8 @@ typedef struct tio_engine_gpu {
     atomic_uint max_batch;
 } tio_engine_gpu;
 
-/* gpu.c, for engine.c */
-/* A device request: set its chunks' paths (force_path: TIO_CHUNK_STAGED or
- * _CUFILE for all, 0: each directory's) and record its ready event.
- * Returns 0 or -errno (message set); caller's thread. */
-int tio_gpu_prepare_request(struct tio_engine *e, struct tio_req *r, uint8_t force_path);
-/* Hand a device request's chunks to their paths (instead of the pending
- * queues). */
-void tio_gpu_enqueue_request(struct tio_engine *e, struct tio_req *r);
-/* The request is finished: recycle its event; done_mu held (leaf lock). */
-void tio_gpu_request_done(struct tio_engine *e, struct tio_req *r);
-/* Stop and free everything of the attachment (after all requests ended). */
-void tio_gpu_detach(struct tio_engine *e);
+/* gpu.c, for staging.c and backend_cufile.c (the engine's calls go through
+ * the device route gpu.c sets at attach) */
 /* Set the calling thread's current device (engine threads call it once). */
 void tio_gpu_bind_thread(const tio_engine_gpu *g);
 /* A CUDA call failed: "<call>: <CUDA's message> (CUDA error N)". */
@@ -343,7 +336,7 @@ void tio_staging_stop(struct tio_engine *e, tio_staging *s);
 /* Queue a device request's staged chunks (caller's thread). */
 void tio_staging_submit(tio_staging *s, struct tio_req *r);
 /* A staged chunk's disk transfer ended (backend thread, no lock held);
- * the staging ring completes it. */
+ * the staging ring completes it.  The device route's chunk_done. */
 void tio_staging_chunk_done(struct tio_engine *e, struct tio_chunk *c, int err, const char *msg);
 void tio_staging_describe(const tio_staging *s, tio_engine_gpu_stats *out, char *text,
                           size_t len);

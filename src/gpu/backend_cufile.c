@@ -1,5 +1,5 @@
 /*
- * engine/backend_cufile.c — GPUDirect Storage: device memory to and from
+ * gpu/backend_cufile.c — GPUDirect Storage: device memory to and from
  * the backing files through cuFile, without host memory in between.
  *
  * One cuFile handle per backing file (registered once at attach; the file
@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "engine/engine_internal.h"
+#include "gpu/gpu_internal.h"
 
 #define GDS_THREADS_PER_DIR 2u
 #define GDS_MAX_BUFS 16u
