@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/run_planner.sh — planning time of the default planner (teraio)
-# against the faithful Algorithm 1 (--planner alg1, src/plan/planner.c) on
+# against the faithful Algorithm 1 (--planner alg1, src/plan/planner_alg1.c) on
 # one paper-scale trace, both run here on the same trace and profile with
 # `teraio plan --hw`; prints each planner's seconds, whether its plan fits,
 # and the ratio (the paper's Algorithm 1 took 31.2 s on Llama3-8B).  The

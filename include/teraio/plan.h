@@ -45,19 +45,20 @@
  * offload's trigger, meaning "in the next iteration".
  *
  * Two planners, one entry point (tio_plan_build, opts.planner):
- *   TIO_PLANNER_TERAIO (default) — planner_fast.c: Algorithm 1's greedy
+ *   TIO_PLANNER_TERAIO (default) — planner_teraio.c: Algorithm 1's greedy
  *     choice found by lazy re-ranking over Fenwick and segment trees
  *     (O(log^2 kernels) a round), placing each period on whichever tier
  *     covers more over-capacity time, planning stalls where the kernels are
  *     too short for the bytes they need (optimizer steps), and finishing
  *     with synchronous moves so that the plan fits whenever the capacity is
  *     at least the largest per-kernel working set.
- *   TIO_PLANNER_ALG1 — planner.c: TERAIO's Algorithm 1 (arXiv 2506.06472,
- *     section 3.3) as DESIGN.md states it, verbatim: repeatedly take the
- *     inactive period with the largest benefit/cost (sum of over-capacity
- *     kernel time it covers), book its bandwidth per kernel, SSD first and
- *     host memory (up to a cap) when the SSD channel cannot fit it, until
- *     max M' <= capacity or nothing viable is left; then, with
+ *   TIO_PLANNER_ALG1 — planner_alg1.c: TERAIO's Algorithm 1 (arXiv
+ *     2506.06472, section 3.3) as DESIGN.md states it, verbatim:
+ *     repeatedly take the inactive period with the largest benefit/cost
+ *     (sum of over-capacity kernel time it covers), book its bandwidth per
+ *     kernel, SSD first and host memory (up to a cap) when the SSD channel
+ *     cannot fit it, until max M' <= capacity or nothing viable is left;
+ *     then, with
  *     synchronous_moves (the default), the authors' rule the paper leaves
  *     unsaid: what is still above capacity moves late, as a stall, instead
  *     of being left to on-demand swapping.  It re-scores every
@@ -120,7 +121,7 @@ typedef struct {
     bool planned_stalls;          /* where memory stays above capacity, give the
                                      over-capacity kernels stall time as
                                      bandwidth budget and plan again
-                                     (planner_fast.c) */
+                                     (planner_teraio.c) */
     bool synchronous_moves;       /* both planners: where memory is still above
                                      capacity after the greedy rounds, move
                                      tensors synchronously (a predicted stall)

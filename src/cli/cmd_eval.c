@@ -121,22 +121,6 @@ static int parse_args(int argc, char **argv, eval_args *a)
 
 /* ---- one trace ------------------------------------------------------------ */
 
-void eval_print_report_json(const char *name, const tio_sim_report *r, bool comma)
-{
-    printf("    {\"strategy\": \"%s\", \"iteration_s\": %.6f, \"ideal_s\": %.6f, "
-           "\"fraction_of_ideal\": %.4f, \"stall_s\": %.6f, \"peak_bytes\": %llu, "
-           "\"overflow_bytes\": %llu, \"plan_fits\": %s, \"plan_seconds\": %.4f, "
-           "\"bytes\": {\"ssd_write\": %llu, \"ssd_read\": %llu, \"host_write\": %llu, "
-           "\"host_read\": %llu}}%s\n",
-           name, r->iteration_ns / 1e9, r->ideal_ns / 1e9, r->fraction_of_ideal,
-           r->stall_ns / 1e9, (unsigned long long)r->peak_bytes,
-           (unsigned long long)r->overflow_bytes, r->plan_fits ? "true" : "false",
-           r->plan_seconds, (unsigned long long)r->bytes[TIO_CH_SSD_WRITE],
-           (unsigned long long)r->bytes[TIO_CH_SSD_READ],
-           (unsigned long long)r->bytes[TIO_CH_HOST_WRITE],
-           (unsigned long long)r->bytes[TIO_CH_HOST_READ], comma ? "," : "");
-}
-
 static void print_report_row(const char *name, const tio_sim_report *r)
 {
     char pk[32], sw[32], sr[32], hw[32], hr[32];

@@ -1,6 +1,8 @@
 /*
  * cli/eval.h — the two halves of `teraio eval`: cmd_eval.c (arguments, one
- * trace) and eval_paper.c (the paper's suite: table, JSON, charts).
+ * trace) and eval_paper.c (the paper's suite: table, JSON, charts), and
+ * what both print through: eval_report.c (a report as JSON) and eval_svg.c
+ * (charts).  cmd_eval.c calls eval_paper.c, never the other way.
  */
 #ifndef TERAIO_CLI_EVAL_H
 #define TERAIO_CLI_EVAL_H
@@ -16,8 +18,9 @@ typedef struct {
     bool json;
 } eval_args;
 
-/* One strategy's report as a JSON object (no trailing newline), and as a
- * table row under eval_print_header(). */
+/* One strategy's report `r` under `name` as a JSON object on stdout,
+ * indented four spaces, followed by "," when `comma` and a newline
+ * (eval_report.c). */
 void eval_print_report_json(const char *name, const tio_sim_report *r, bool comma);
 
 /* fraction-of-ideal.svg and memory-timeline.svg (the first configuration)

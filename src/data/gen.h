@@ -105,8 +105,10 @@ int tio_gen_serialize(const tio_gen *g, void **buf, size_t *len);
 int tio_gen_load(tio_gen *g, const void *const *states, const size_t *lens, uint32_t n);
 int tio_state_check(const void *buf, size_t len, const char *name);
 /* The states' settings (fingerprint, logical shards, seq_len, one world
- * size) against the options, from their fixed header, before anything is
- * allocated for them: TIO_ESTATE, or the errors of tio_state_check. */
+ * size) against the options, from their fixed header as the state parser
+ * reads it, before anything is allocated for them: TIO_ESTATE, TIO_EPARSE
+ * (a header cut short, or an impossible rank, world size or logical-shard
+ * count), or the errors of tio_state_check. */
 int tio_state_precheck(const tio_dataset *ds, const tio_loader_options *o,
                        const void *const *states, const size_t *lens, uint32_t n);
 

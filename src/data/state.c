@@ -246,25 +246,39 @@ static void parsed_free(st_parsed *p)
     memset(p, 0, sizeof *p);
 }
 
-static int parse(const void *buf, size_t len, const char *name, st_parsed *p)
+/* The checked file (tio_state_check) and its fixed header, from the
+ * fingerprint to the sub-dataset count, into p (zeroed first); *c is left
+ * after it, over the bytes before the CRC.  Allocates nothing, so that
+ * tio_state_precheck can read the settings before anything is sized by
+ * them.  0, TIO_EPARSE, or the errors of tio_state_check. */
+static int parse_header(const void *buf, size_t len, const char *name, st_parsed *p, rcur *c)
 {
     memset(p, 0, sizeof *p);
     int rc = tio_state_check(buf, len, name);
     if (rc)
         return rc;
-    rcur c = {buf, len - 4, 12, name, 0};
-    p->fingerprint = get64(&c, "fingerprint");
-    p->rank = get32(&c, "rank");
-    p->world = get32(&c, "world size");
-    p->L = get32(&c, "logical shards");
-    p->seq_len = get32(&c, "seq_len");
-    p->shuffle = get32(&c, "shuffle buffer");
-    p->produced = get64(&c, "samples");
-    p->n_subs = get32(&c, "sub-dataset count");
-    if (!c.rc && (p->world == 0 || p->rank >= p->world || p->L < p->world))
-        c.rc = tio_fail(TIO_EPARSE, "%s: rank %u, world size %u, %u logical shards", name,
-                        p->rank, p->world, p->L);
-    if (!c.rc && p->n_subs > (c.n - c.i) / 32)
+    *c = (rcur){buf, len - 4, 12, name, 0};
+    p->fingerprint = get64(c, "fingerprint");
+    p->rank = get32(c, "rank");
+    p->world = get32(c, "world size");
+    p->L = get32(c, "logical shards");
+    p->seq_len = get32(c, "seq_len");
+    p->shuffle = get32(c, "shuffle buffer");
+    p->produced = get64(c, "samples");
+    p->n_subs = get32(c, "sub-dataset count");
+    if (!c->rc && (p->world == 0 || p->rank >= p->world || p->L < p->world))
+        c->rc = tio_fail(TIO_EPARSE, "%s: rank %u, world size %u, %u logical shards", name,
+                         p->rank, p->world, p->L);
+    return c->rc;
+}
+
+static int parse(const void *buf, size_t len, const char *name, st_parsed *p)
+{
+    rcur c;
+    int rc = parse_header(buf, len, name, p, &c);
+    if (rc)
+        return rc;
+    if (p->n_subs > (c.n - c.i) / 32)
         c.rc = tio_fail(TIO_EPARSE, "%s: %u sub-datasets do not fit", name, p->n_subs);
     if (!c.rc && !(p->subs = calloc(p->n_subs ? p->n_subs : 1, sizeof *p->subs)))
         c.rc = tio_fail(-ENOMEM, "out of memory");
@@ -548,34 +562,29 @@ int tio_loader_state_info(const void *buf, size_t len, tio_data_state_info *info
 }
 
 /* Settings first, before anything is allocated for them: a state of other
- * settings, or one claiming a huge logical-shard count, goes no further. */
+ * settings, or one claiming a huge logical-shard count, goes no further.
+ * Only the header is read, by the parser's own parse_header. */
 int tio_state_precheck(const tio_dataset *ds, const tio_loader_options *o,
                        const void *const *states, const size_t *lens, uint32_t n)
 {
     uint64_t fp = tio_gen_fingerprint(ds, o);
     uint32_t N = 0;
     for (uint32_t i = 0; i < n; i++) {
-        tio_data_state_info info;
+        st_parsed h;
+        rcur c;
         char name[32];
         snprintf(name, sizeof name, "loader state %u", i);
-        int rc = tio_state_check(states[i], lens[i], name);
+        int rc = parse_header(states[i], lens[i], name, &h, &c);
         if (rc)
             return rc;
-        if (lens[i] < 36)
-            return tio_fail(TIO_EPARSE, "%s: truncated state", name);
-        memcpy(&info.fingerprint, (const uint8_t *)states[i] + 12, 8);
-        memcpy(&info.world_size, (const uint8_t *)states[i] + 24, 4);
-        memcpy(&info.logical_shards, (const uint8_t *)states[i] + 28, 4);
-        memcpy(&info.seq_len, (const uint8_t *)states[i] + 32, 4);
-        if (info.fingerprint != fp || info.logical_shards != o->logical_shards ||
-            info.seq_len != o->seq_len)
+        if (h.fingerprint != fp || h.L != o->logical_shards || h.seq_len != o->seq_len)
             return tio_fail(TIO_ESTATE, "loader state %u was saved with other settings (seed, "
                             "logical_shards, seq_len, EOS/BOS, tokenizer or text field differ: "
                             "fingerprint mismatch)", i);
-        if (i && info.world_size != N)
+        if (i && h.world != N)
             return tio_fail(TIO_ESTATE, "loader states of different runs (world sizes %u and %u)",
-                            N, info.world_size);
-        N = info.world_size;
+                            N, h.world);
+        N = h.world;
     }
     return 0;
 }

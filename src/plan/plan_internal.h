@@ -1,7 +1,15 @@
 /*
- * plan/plan_internal.h — what the two planners (planner.c: Algorithm 1,
- * planner_fast.c: teraio) and the plan file reader (plan_io.c) share; it
- * is implemented in plan.c, the plan object and the one entry point.
+ * plan/plan_internal.h — what the plan module's files share, and who
+ * implements it:
+ *   plan.c            the entry point (tio_plan_build): checks the inputs
+ *                     and calls one of the two planners declared here;
+ *   planner_alg1.c    TIO_PLANNER_ALG1, Algorithm 1 (the reference);
+ *   planner_teraio.c  TIO_PLANNER_TERAIO, the default planner;
+ *   plan_common.c     what both planners and plan_io.c call: channel
+ *                     bandwidths and budgets, emitting a pair, the
+ *                     migration order, assembling and freeing a plan;
+ *   plan_sync.c       the synchronous finish both planners end with.
+ * Calls point one way: plan.c -> planners -> plan_common.c / plan_sync.c.
  *
  * Every plan leaves tio_plan.migrations in the one order the header
  * promises (by trigger kernel, offloads before prefetches at the same
@@ -13,16 +21,17 @@
 
 #include "teraio/plan.h"
 
-/* Sort `n` migrations by (trigger_kernel, offload before prefetch), keeping
- * the current order among equal keys.  Returns 0 or -ENOMEM. */
-int tio_plan_sort_migrations(tio_migration *m, uint32_t n);
-
-/* The two planners, as tio_plan_build calls them once it has checked the
- * inputs (tio_plan_build documents returns and semantics). */
+/* The two planners (planner_alg1.c, planner_teraio.c), as tio_plan_build
+ * calls them once it has checked the inputs (tio_plan_build documents
+ * returns and semantics). */
 int tio_plan_build_alg1(const tio_trace *trace, const tio_lifetime *lt,
                         const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out);
 int tio_plan_build_teraio(const tio_trace *trace, const tio_lifetime *lt,
                           const tio_plan_options *opt, uint64_t t0_ns, tio_plan **out);
+
+/* Sort `n` migrations by (trigger_kernel, offload before prefetch), keeping
+ * the current order among equal keys.  Returns 0 or -ENOMEM. */
+int tio_plan_sort_migrations(tio_migration *m, uint32_t n);
 
 /* Bandwidth of each channel (TIO_CH_*), GB/s = bytes per ns: the options'
  * SSD channels, and their host channels with 0 meaning "as the SSD's". */
@@ -67,7 +76,8 @@ typedef struct {
                                       (the prefetch follows it) */
 } tio_plan_windows;
 
-/* Allocate (zeroed) for n periods: 0 or -ENOMEM (free either way). */
+/* Allocate (zeroed) for n periods (plan_sync.c, as the two below): 0 or
+ * -ENOMEM (free either way). */
 int tio_plan_windows_init(tio_plan_windows *w, uint32_t n_periods);
 void tio_plan_windows_free(tio_plan_windows *w);
 
@@ -91,7 +101,7 @@ typedef struct {
     void *planner;                 /* handed to the operations */
     /* bytes channel ch can still move over kernels [from, to) */
     uint64_t (*budget)(void *planner, int ch, uint64_t from, uint64_t to);
-    /* Algorithm 1's walk for per's bytes on channel ch (planner.c): forward
+    /* Algorithm 1's walk for per's bytes on channel ch (planner_alg1.c): forward
      * from the last use for an offload (*k = k_off), back from the next use
      * for a prefetch (*k = k_pre); false if they do not fit in the period */
     bool (*walk)(void *planner, int ch, bool offload, const tio_inactive_period *per,

@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "teraio/data.h"
 #include "data/gen.h"
 
@@ -186,7 +187,7 @@ static void make_dataset(const char *dir)
 
 static int setup(void **state)
 {
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     snprintf(root, sizeof root, "%s/data-%d", base ? base : "/tmp", (int)getpid());
     mkdirs(root);
     make_dataset(root);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "teraio/data.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -53,7 +54,7 @@ static void test_loader_create_every_allocation_failing(void **state)
     skip();
 #else
     char root[512], cmd[1200];
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     snprintf(root, sizeof root, "%s/data-faults-%d", base ? base : "/tmp", (int)getpid());
     snprintf(cmd, sizeof cmd, "mkdir -p '%s/a' && for i in 1 2 3 4 5 6; do echo "
              "\"{\\\"text\\\": \\\"doc $i\\\"}\"; done > '%s/a/x.jsonl'", root, root);

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "teraio/data.h"
 #include "data/gen.h"
 #include "teraio_config.h"
@@ -66,7 +67,7 @@ static void fresh(char *dir, size_t cap, const char *name, const char *subs)
 
 static int setup(void **state)
 {
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     snprintf(root, sizeof root, "%s/data-bugs-%d", base ? base : "/tmp", (int)getpid());
     sh("mkdir -p '%s'", root);
     (void)state;
@@ -726,7 +727,7 @@ static void test_parquet_rows_read_through_the_shim(void **state)
 {
     (void)state;
     char dir[700];
-    const char *src = getenv("TIO_SOURCE_DIR");
+    const char *src = tio_env("SOURCE_DIR");
     fresh(dir, sizeof dir, "parquet", "tp");
     sh("cp '%s/fuzz/corpus/fuzz_data_parquet/text_null.parquet' '%s/t/x.parquet' && "
        "cp '%s/fuzz/corpus/fuzz_data_parquet/tokens_uint16.parquet' '%s/p/y.parquet'",

@@ -31,6 +31,7 @@
 
 #include <time.h>
 
+#include "common/util.h"
 #include "engine/engine_internal.h"
 #include "engine_create.h"
 #include "teraio/engine.h"
@@ -72,7 +73,7 @@ static void mkdir_p(const char *path)
 
 static int group_setup(void **state)
 {
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     if (!base || !base[0])
         base = "/tmp";
     mkdir_p(base);

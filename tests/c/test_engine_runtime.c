@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "common/util.h"
 #include "teraio/runtime.h"
 
 #define KIB 1024u
@@ -80,7 +81,7 @@ typedef struct {
 static void job_init(job *j)
 {
     memset(j, 0, sizeof *j);
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     snprintf(j->dir, sizeof j->dir, "%s/engine-runtime.XXXXXX", base && base[0] ? base : "/tmp");
     mkdir(base && base[0] ? base : "/tmp", 0755);
     assert_non_null(mkdtemp(j->dir));

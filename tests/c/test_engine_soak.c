@@ -12,11 +12,12 @@
  * are urgent.  Two directories, 256 KiB stripes, checksums on (a full-length
  * read is also CRC-checked by the engine).
  *
- * Operations: TIO_SOAK_COUNT (default 5000, about 10 s here);
- * TIO_SOAK_SCALE=small (the TSan run) caps it at 300 and sizes at 4 MiB.
- * The full soak of the issue is
- *     TIO_SOAK_COUNT=100000 build/bin/test_engine_soak
- * Backend: the auto choice (io_uring here), or TIO_ENGINE_BACKEND=psync.
+ * Operations: TERAIO_SOAK_COUNT (default 5000, about 10 s here);
+ * TERAIO_SOAK_SCALE=small (the TSan run) caps it at 300 and sizes at 4 MiB;
+ * the seed is TERAIO_SOAK_SEED.  The full soak of the issue is
+ *     TERAIO_SOAK_COUNT=100000 build/bin/test_engine_soak
+ * Backend: the auto choice (io_uring here), or TERAIO_ENGINE_BACKEND=psync.
+ * Each is read through tio_env, so the older TIO_ names still work.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +32,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "common/util.h"
 #include "teraio/engine.h"
 
 #define KIB 1024ull
@@ -87,7 +89,7 @@ static uint64_t pick_size(uint64_t max)
 
 static uint64_t env_u64(const char *name, uint64_t dflt)
 {
-    const char *v = getenv(name);
+    const char *v = tio_env(name);
     return v && *v ? strtoull(v, NULL, 10) : dflt;
 }
 
@@ -117,14 +119,14 @@ static void finish(tio_engine *e, op_t *ops, slot_t *slots, const tio_completion
 
 static void test_soak(void **state)
 {
-    bool small = getenv("TIO_SOAK_SCALE") && !strcmp(getenv("TIO_SOAK_SCALE"), "small");
-    uint64_t count = env_u64("TIO_SOAK_COUNT", 5000);
+    bool small = tio_env("SOAK_SCALE") && !strcmp(tio_env("SOAK_SCALE"), "small");
+    uint64_t count = env_u64("SOAK_COUNT", 5000);
     uint64_t max_size = small ? 4 * MIB : 64 * MIB;
     if (small && count > 300)
         count = 300;
-    rng_state = env_u64("TIO_SOAK_SEED", 20240611);
+    rng_state = env_u64("SOAK_SEED", 20240611);
 
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     char root[PATH_MAX], d0[PATH_MAX + 8], d1[PATH_MAX + 8];
     snprintf(root, sizeof root, "%s/soak.XXXXXX", base && *base ? base : "/tmp");
     mkdir(base && *base ? base : "/tmp", 0755);

@@ -41,6 +41,7 @@
 #include <sys/stat.h>
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "teraio/teraio.h"
 
 enum { P = 0, A = 1, B = 2, X = 3, G = 4 };
@@ -359,7 +360,7 @@ static void test_plan_fits_with_a_synchronous_move(void **state)
 static void test_plan_fits_tight_bandwidth_llama(void **state)
 {
     (void)state;
-    const char *src = getenv("TIO_SOURCE_DIR");
+    const char *src = tio_env("SOURCE_DIR");
     char path[4096];
     snprintf(path, sizeof path, "%s/tests/data/llama-tiny.tio", src ? src : ".");
     tio_trace *t;
@@ -473,7 +474,7 @@ static void test_plan_options_default(void **state)
 
 static char *tmp_path(const char *name)
 {
-    const char *dir = getenv("TIO_TEST_TMPDIR");
+    const char *dir = tio_env("TEST_TMPDIR");
     if (!dir)
         dir = "/tmp";
     mkdir(dir, 0755);

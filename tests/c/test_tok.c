@@ -26,6 +26,7 @@
 #include <cmocka.h>
 #include <dirent.h>
 
+#include "common/util.h"
 #include "teraio/tok.h"
 #include "tok/tok_internal.h"
 
@@ -33,7 +34,7 @@
 static const char *shipped_dir(void)
 {
     static char dir[4096];
-    const char *src = getenv("TIO_SOURCE_DIR");
+    const char *src = tio_env("SOURCE_DIR");
     assert_non_null(src); /* set by CTest */
     snprintf(dir, sizeof dir, "%s/python/teraio/tokenizers", src);
     return dir;
@@ -397,7 +398,7 @@ static void test_cl100k_details(void **state)
 static void test_fuzz_tok_json_seeds_load(void **state)
 {
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s/fuzz/corpus/fuzz_tok_json", getenv("TIO_SOURCE_DIR"));
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/fuzz_tok_json", tio_env("SOURCE_DIR"));
     DIR *d = opendir(dir);
     assert_non_null(d);
     int seeds = 0;
@@ -595,7 +596,7 @@ static int n_scratch;
 
 static const char *scratch(const char *name)
 {
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     assert_true(n_scratch < 4);
     char *d = scratch_dirs[n_scratch++];
     snprintf(d, sizeof scratch_dirs[0], "%s/tok-%s-%d", base ? base : "/tmp", name, (int)getpid());

@@ -22,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "teraio/trace.h"
 
 /* The example from docs/formats.md; the error tests edit one line of it. */
@@ -80,7 +81,7 @@ static void expect_error(char *text, int code, const char *message)
 static const char *tmp_path(const char *name)
 {
     static char path[4096];
-    const char *dir = getenv("TIO_TEST_TMPDIR");
+    const char *dir = tio_env("TEST_TMPDIR");
     if (!dir || !*dir)
         dir = "/tmp";
     mkdir(dir, 0755);

@@ -1,5 +1,5 @@
 /*
- * plan/planner.c — TIO_PLANNER_ALG1: TERAIO's Algorithm 1 (arXiv
+ * plan/planner_alg1.c — TIO_PLANNER_ALG1: TERAIO's Algorithm 1 (arXiv
  * 2506.06472, §3.3), in the faithful form DESIGN.md describes ("Planning").
  *
  * State, one entry per kernel k of the iteration (indices taken modulo
@@ -35,7 +35,10 @@
  *
  * This is O(rounds x candidates x kernels) on purpose: it is the reference
  * (strategy "teraio-alg1") that faster planners are checked against, so it
- * stays simple enough to verify by hand.
+ * stays simple enough to verify by hand.  tio_plan_build (plan.c) calls it
+ * once the inputs are checked; what it shares with planner_teraio.c
+ * (channels, emitting a pair, the synchronous finish, assembling the plan)
+ * is in plan_common.c and plan_sync.c.
  */
 #include <errno.h>
 #include <stdlib.h>

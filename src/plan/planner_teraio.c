@@ -1,9 +1,12 @@
 /*
- * plan/planner_fast.c — TIO_PLANNER_TERAIO, the default planner (strategy
- * "teraio").
+ * plan/planner_teraio.c — TIO_PLANNER_TERAIO, the default planner
+ * (strategy "teraio"), called by tio_plan_build (plan.c); what it shares
+ * with planner_alg1.c (channels, emitting a pair, the synchronous finish,
+ * assembling the plan) it takes from plan_common.c and plan_sync.c.
  *
- * It makes Algorithm 1's greedy choice (planner.c has the reference and the
- * meaning of every quantity) without re-scoring every candidate each round:
+ * It makes Algorithm 1's greedy choice (planner_alg1.c has the reference and
+ * the meaning of every quantity) without re-scoring every candidate each
+ * round:
  *
  *  - Lazy re-ranking.  A candidate's score (over-capacity kernel time
  *    covered by its placement) can only fall from round to round: M' only
@@ -17,7 +20,7 @@
  *    scores) a candidate's score can jump up to its host placement's when
  *    the SSD one stops scoring, so the bound is the larger of the two
  *    tiers' scores, each of which only falls; with that, the plan equals
- *    planner.c's with or without a host tier (tests/c/test_sim.c).
+ *    planner_alg1.c's with or without a host tier (tests/c/test_sim.c).
  *  - Bandwidth walks by prefix sums.  Each channel's per-kernel budget is a
  *    Fenwick tree, so "first kernel where the cumulative budget reaches s"
  *    is a binary descent, O(log n).  Booking drains whole kernels, found by
@@ -49,7 +52,7 @@
  * longer than the kernels between them, and the compute stream waits.  kind_mask limits
  * which tensor kinds may move (the FlashNeuron baseline moves activations
  * only).  Indices past n_kernels wrap into the next iteration, as in
- * planner.c.
+ * planner_alg1.c.
  */
 #include <errno.h>
 #include <math.h>
