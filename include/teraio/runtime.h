@@ -190,8 +190,9 @@ TIO_API int tio_runtime_account_untracked(tio_runtime *rt, int64_t delta_bytes);
  * untracked total becomes held_bytes less the bytes of every bound tensor
  * (0 if they are more), so resident_bytes is held_bytes less what the
  * runtime has released, plus what it brings back inside the window.  It
- * stays in effect until the next call or iteration_end, and replaces what
- * tio_runtime_account_untracked added.  Returns 0, -EINVAL (NULL runtime,
+ * stays in effect until the next call or iteration_end (a tensor bound or
+ * unbound meanwhile is one the program's bytes count already: the untracked
+ * total follows), and replaces what tio_runtime_account_untracked added.  Returns 0, -EINVAL (NULL runtime,
  * or no iteration begun), -EPERM (another thread). */
 TIO_API int tio_runtime_account_program(tio_runtime *rt, uint64_t held_bytes);
 

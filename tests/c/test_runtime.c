@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <cmocka.h>
 
+#include "common/util.h"
 #include "engine/engine_test.h"
 #include "teraio/runtime.h"
 
@@ -197,7 +198,7 @@ static tio_migration migration(uint32_t tensor, tio_migration_kind kind, uint32_
 
 static void make_dir(char *out, size_t cap)
 {
-    const char *base = getenv("TIO_TEST_TMPDIR");
+    const char *base = tio_env("TEST_TMPDIR");
     if (!base || !base[0])
         base = "/tmp";
     char cmd[4200];
@@ -852,6 +853,11 @@ static void test_account_program(void **state)
     assert_int_equal(tio_runtime_account_program(f->rt, ALL_BYTES + 500), 0);
     assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES); /* not before kernel_begin */
     run_kernels(f, 0, 1);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES + 500);
+    /* the program's bytes count a tensor whether it is bound or not */
+    assert_int_equal(tio_runtime_tensor_unbind(f->rt, 1), 0);
+    assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES + 500);
+    assert_int_equal(tio_runtime_tensor_bind(f->rt, 1, f->fw.mem[1], T1_BYTES), 0);
     assert_int_equal(stats_of(f).resident_bytes, ALL_BYTES + 500);
     assert_int_equal(tio_runtime_account_program(f->rt, ALL_BYTES + 100), 0);
     run_kernels(f, 1, 2);
