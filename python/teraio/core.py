@@ -7,27 +7,16 @@ re-implemented here.
 from __future__ import annotations
 
 import ctypes
-import numbers
 import os
 import time
 from typing import Iterable, Sequence
 
 from . import _lib as L
+from ._args import integer
 
 KINDS = {"parameter": 0, "gradient": 1, "optimizer_state": 2, "activation": 3, "temporary": 4}
 
 
-def _u64(what: str, value, least: int = 0) -> int:
-    """`value` as an integer in [least, 2^64): ctypes would silently wrap a
-    negative or too large one (a capacity of -1 became 2^64 - 1)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
-    if not isinstance(value, numbers.Integral) and not float(value).is_integer():
-        raise ValueError(f"{what} must be an integer in [{least}, 2^64), got {value!r}")
-    v = int(value)
-    if v != value or not least <= v < 1 << 64:
-        raise ValueError(f"{what} must be an integer in [{least}, 2^64), got {value!r}")
-    return v
 READ, WRITE = 1, 2
 TIER_NAMES = {0: "device", 1: "host", 2: "ssd"}
 
@@ -50,12 +39,12 @@ class Trace:
         tid = ctypes.c_uint32()
         frees = []
         for i, (nbytes, kind, is_global, name, *rest) in enumerate(tensors):
-            L.check(L.tio_trace_add_tensor(p, _u64("tensor bytes", nbytes, 1), KINDS[kind], is_global,
+            L.check(L.tio_trace_add_tensor(p, integer("tensor bytes", nbytes, 1), KINDS[kind], is_global,
                                            name.encode() if name else None, ctypes.byref(tid)))
             if rest and rest[0]:
                 frees.append((i, rest[0]))
         for name, dur, accesses in kernels:
-            L.check(L.tio_trace_add_kernel(p, name.encode(), _u64("kernel duration_ns", int(dur))))
+            L.check(L.tio_trace_add_kernel(p, name.encode(), integer("kernel duration_ns", int(dur))))
             for tensor, mode in accesses:
                 L.check(L.tio_trace_add_access(p, tensor, mode))
         for i, kernel in frees:
@@ -170,12 +159,12 @@ class Plan:
         opt = L.PlanOptions()
         L.tio_plan_options_default(ctypes.byref(opt))
         opt.planner = L.PLANNERS[planner]
-        opt.capacity_bytes = _u64("capacity_bytes", capacity_bytes, 1)
+        opt.capacity_bytes = integer("capacity_bytes", capacity_bytes, 1)
         opt.ssd_read_gbps = ssd_read_gbps
         opt.ssd_write_gbps = ssd_write_gbps
         opt.host_to_device_gbps = host_to_device_gbps
         opt.device_to_host_gbps = device_to_host_gbps
-        opt.host_cap_bytes = _u64("host_cap_bytes", host_cap_bytes)
+        opt.host_cap_bytes = integer("host_cap_bytes", host_cap_bytes)
         opt.synchronous_moves = bool(synchronous_moves)
         if kinds is not None:
             opt.kind_mask = sum(1 << KINDS[k] for k in kinds)
@@ -230,9 +219,9 @@ def fit_host_costs(trace: Trace, lifetime: Lifetime, calibration: Plan, plan: Pl
     (``calibration_s``), and ``plan``'s iteration simulated with them beside
     its measured ``measured_s``.  Raises TeraioError where no fit exists."""
     cal = L.SimCalibration(calibration=calibration._p, plan=plan._p,
-                           calibration_capacity_bytes=_u64("calibration_capacity_bytes",
+                           calibration_capacity_bytes=integer("calibration_capacity_bytes",
                                                            calibration_capacity_bytes, 1),
-                           capacity_bytes=_u64("capacity_bytes", capacity_bytes, 1),
+                           capacity_bytes=integer("capacity_bytes", capacity_bytes, 1),
                            empty_s=empty_s, calibration_s=calibration_s, measured_s=measured_s,
                            ssd_read_gbps=ssd_read_gbps, ssd_write_gbps=ssd_write_gbps)
     fit = L.SimFit()
@@ -282,7 +271,7 @@ class Engine:
         self._dirs = (ctypes.c_char_p * len(dirs))(*[os.fsencode(d) for d in dirs])
         opt.dirs = self._dirs
         opt.n_dirs = len(dirs)
-        opt.space_bytes = _u64("space_bytes", space_bytes, 1)
+        opt.space_bytes = integer("space_bytes", space_bytes, 1)
         opt.backend = BACKENDS[backend]
         opt.checksum = crc
         self.crc = crc
@@ -308,7 +297,7 @@ class Engine:
     def measure_gbps(self, nbytes: int = 128 << 20) -> tuple[float, float]:
         """Write then read `nbytes` through the engine; returns (read, write) GB/s."""
         p = self._handle()
-        nbytes = _u64("nbytes", nbytes, 1)
+        nbytes = integer("nbytes", nbytes, 1)
         buf = ctypes.create_string_buffer(nbytes)
         ctypes.memset(buf, 0x5A, nbytes)
         ext = L.Extent()

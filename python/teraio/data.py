@@ -16,8 +16,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-import operator
-import os
 import threading
 from ctypes import POINTER, byref, c_char_p, c_double, c_size_t, c_void_p
 from pathlib import Path
@@ -25,6 +23,7 @@ from pathlib import Path
 import torch
 
 from . import _lib as L
+from ._args import U32, U64, env_rank, integer
 from ._lib import TeraioError, check
 
 log = logging.getLogger("teraio.data")
@@ -44,20 +43,6 @@ def _copy_u32(ptr, n):
     return t.view(torch.uint32)
 
 
-def _int(name, value, lo, hi):
-    """value as an int in [lo, hi], else ValueError naming the parameter: every integer
-    that crosses ctypes into a fixed-width C field goes through here (ctypes would wrap
-    2**32 + 16 to 16 without a word)."""
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if isinstance(value, bool) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-    return v
-
-
-_U32, _U64 = 2**32 - 1, 2**64 - 1
 
 
 def _weight(name, value):
@@ -123,27 +108,27 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if device_mesh is not None and (rank is None or world_size is None):
             rank, world_size = _mesh_dp(device_mesh, mesh_dim)
         if rank is None:
-            rank = int(os.environ.get("RANK", "0"))
+            rank = env_rank("RANK")
         if world_size is None:
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            world_size = env_rank("WORLD_SIZE", 1)
         self.root = str(root)
-        self.seq_len = _int("seq_len", seq_len, 1, _U32 - 2)
-        self.world_size = _int("world_size", world_size, 1, _U32)
-        self.rank = _int("rank", rank, 0, self.world_size - 1)
-        seed = _int("seed", seed, 0, _U64)
-        logical_shards = _int("logical_shards", logical_shards, 1, _U32)
-        shuffle_buffer = _int("shuffle_buffer", shuffle_buffer, 0, _U32)
-        eos_id = _int("eos_id", eos_id, 0, _U32)
-        prefetch = _int("prefetch", prefetch, 0, _U32)
-        tokenizer_threads = _int("tokenizer_threads", tokenizer_threads, 0, _U32)
+        self.seq_len = integer("seq_len", seq_len, 1, U32 - 2)
+        self.world_size = integer("world_size", world_size, 1, U32)
+        self.rank = integer("rank", rank, 0, self.world_size - 1)
+        seed = integer("seed", seed, 0, U64)
+        logical_shards = integer("logical_shards", logical_shards, 1, U32)
+        shuffle_buffer = integer("shuffle_buffer", shuffle_buffer, 0, U32)
+        eos_id = integer("eos_id", eos_id, 0, U32)
+        prefetch = integer("prefetch", prefetch, 0, U32)
+        tokenizer_threads = integer("tokenizer_threads", tokenizer_threads, 0, U32)
         if bos_id is not None:
-            bos_id = _int("bos_id", bos_id, 0, _U32)
+            bos_id = integer("bos_id", bos_id, 0, U32)
         if fill_threads is not None:
-            fill_threads = _int("fill_threads", fill_threads, 0, _U32)
+            fill_threads = integer("fill_threads", fill_threads, 0, U32)
         if max_line_bytes is not None:
-            max_line_bytes = _int("max_line_bytes", max_line_bytes, 1, _U64)
+            max_line_bytes = integer("max_line_bytes", max_line_bytes, 1, U64)
         if cache_bytes is not None:
-            cache_bytes = _int("cache_bytes", cache_bytes, 1, _U64)
+            cache_bytes = integer("cache_bytes", cache_bytes, 1, U64)
         weights = {str(k): _weight(k, v) for k, v in dict(weights or {}).items()}
         self.provenance = provenance
         # One lock around every use of the C loader, which one thread at a time may use:
@@ -357,10 +342,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         for Parquet ``unit`` is the row group and ``row`` the row within it."""
         with self._lock:
             self._check_open()
-            sub = _int("subdataset", subdataset, 0, _U32)
-            f = _int("file", file, 0, _U32)
+            sub = integer("subdataset", subdataset, 0, U32)
+            f = integer("file", file, 0, U32)
             unit, row = ctypes.c_uint64(), ctypes.c_uint64()
-            check(L.tio_dataset_doc_location(self._ds, sub, f, _int("doc", doc, 0, _U64),
+            check(L.tio_dataset_doc_location(self._ds, sub, f, integer("doc", doc, 0, U64),
                                              byref(unit), byref(row)))
             return {"path": L.tio_dataset_file_path(self._ds, sub, f).decode(),
                     "format": L.tio_dataset_file_format(self._ds, sub, f).decode(),

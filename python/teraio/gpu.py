@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from . import _lib as L
+from ._args import env
 
 DEFAULT_PINNED_BYTES = 256 << 20
 
@@ -53,8 +54,9 @@ def unavailable_reason() -> str | None:
 
 
 def _point_at_cufile_package() -> None:
-    """TIO_CUFILE_LIBRARY from the nvidia-cufile package when it is unset."""
-    if os.environ.get("TIO_CUFILE_LIBRARY"):
+    """TERAIO_CUFILE_LIBRARY from the nvidia-cufile package when it (and the
+    old name TIO_CUFILE_LIBRARY) is unset."""
+    if env("CUFILE_LIBRARY"):
         return
     for name in ("nvidia.cu13", "nvidia.cufile"):
         try:
@@ -64,7 +66,7 @@ def _point_at_cufile_package() -> None:
         for root in (spec.submodule_search_locations or []) if spec else []:
             lib = Path(root) / "lib" / "libcufile.so.0"
             if lib.exists():
-                os.environ["TIO_CUFILE_LIBRARY"] = str(lib)
+                os.environ["TERAIO_CUFILE_LIBRARY"] = str(lib)
                 return
 
 

@@ -128,7 +128,7 @@ def test_plan_capacity_out_of_range_is_refused(ssd_dir, capacity):
     """ctypes wrapped a negative capacity to 2^64 - 5 (a plan that moves
     nothing, without a word) and 2^64 + 5 to 5."""
     trace, lt, _, _ = profiled(TinyJob(), ssd_dir)
-    with pytest.raises(ValueError, match="capacity_bytes must be an integer in"):
+    with pytest.raises(ValueError, match="capacity_bytes must be an integer"):
         Plan.build(trace, lt, capacity, ssd_read_gbps=1.0, ssd_write_gbps=1.0)
 
 

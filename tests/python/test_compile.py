@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from teraio.torch import _compile_ops
+from teraio.torch.compile import ops as _compile_ops
 from teraio.torch.compile import CompiledOffload
 
 from conftest import TINY, TinyJob
@@ -413,7 +413,7 @@ def test_a_graph_with_symbolic_shapes_is_not_planned():
     """Dynamic shapes make tensor sizes symbolic: such a graph is marked
     unplannable (the session then says so once and runs it as compiled)."""
     from torch.fx.experimental.proxy_tensor import make_fx
-    from teraio.torch._compile_graph import GraphInfo
+    from teraio.torch.compile.graph import GraphInfo
     gm = make_fx(lambda x: (x * 2).sum(0), tracing_mode="symbolic")(torch.randn(5, 3))
     info = GraphInfo(0, gm, "inference")
     assert info.unplannable and "symbolic" in info.unplannable

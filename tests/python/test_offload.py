@@ -407,7 +407,7 @@ def test_a_storage_another_thread_drops_is_gone_before_the_next_kernel(ssd_dir, 
     has freed but still bound makes the adapter yield the GIL; here the
     yield is where the "other thread" drops `big`, and no kernel holds more
     than the plan."""
-    offload = importlib.import_module("teraio.torch.offload")  # the module, not the function
+    offload = importlib.import_module("teraio.torch.runtime")  # the module, not the function
     model, opt, x, plan, rt, _engine = _spill_runtime(ssd_dir)
     keep, yields = [], []
 
@@ -437,7 +437,7 @@ def test_a_storage_the_program_keeps_is_counted_and_named(ssd_dir, monkeypatch, 
     adapter yields once per step, for at most _YIELD_S, and the memory counts
     against the capacity, the log naming the tensor held past its free."""
     import logging
-    offload = importlib.import_module("teraio.torch.offload")  # the module, not the function
+    offload = importlib.import_module("teraio.torch.runtime")  # the module, not the function
     model, opt, x, plan, rt, _engine = _spill_runtime(ssd_dir)
     calls = []
     monkeypatch.setattr(offload, "_yield_gil", lambda: calls.append(1))
@@ -460,7 +460,7 @@ def test_fruitless_waits_stop_at_the_iteration_budget(ssd_dir, monkeypatch):
     """Waits that end with the storage still held take at most
     _YIELD_BUDGET_S per iteration; with the budget spent (0 here) a kernel
     does not wait at all, and the kept storage is still counted."""
-    offload = importlib.import_module("teraio.torch.offload")
+    offload = importlib.import_module("teraio.torch.runtime")
     model, opt, x, plan, rt, _engine = _spill_runtime(ssd_dir)
     calls = []
     monkeypatch.setattr(offload, "_yield_gil", lambda: calls.append(1))

@@ -71,7 +71,7 @@ def parent(args) -> int:
         return 1
     t0 = time.time()
     if args.compile:
-        from ..torch._compile_demo import as_run_a
+        from .compiled import as_run_a
         ca = child("CA", args, [])
         cb = child("CB", args, [])
         progress("", final=False)
@@ -90,14 +90,14 @@ def parent(args) -> int:
 
 def run_ca(args) -> dict:
     """The compiled mode's run without teraio (teraio.torch._compile_demo)."""
-    from ..torch._compile_demo import run_compiled_plain
+    from .compiled import run_compiled_plain
     from . import job
     return run_compiled_plain(args, job.Job(args), job)
 
 
 def run_cb(args) -> dict:
     """The compiled mode's run with teraio's compiled path."""
-    from ..torch._compile_demo import run_compiled_teraio
+    from .compiled import run_compiled_teraio
     from . import job
     from .runs import ssd_dirs
     return run_compiled_teraio(args, job.Job(args), job, ssd_dirs(args))

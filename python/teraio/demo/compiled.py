@@ -4,7 +4,7 @@ demo-compiled``): the same model, corpus and batches, trained with
 path, each in its own process so that their memory is measured apart.
 
 * run CA — ``model.compile()`` (Inductor), no teraio;
-* run CB — teraio.torch.compile.CompiledOffload for a capacity of
+* run CB — teraio.torch.compile.CompiledSession for a capacity of
   ``--capacity-fraction`` of the compiled step's profiled peak: two profiled
   steps, a plan made with the SSD bandwidth the engine measures, the rest
   with the planned tensors moved by the calls compiled into the program.
@@ -64,9 +64,9 @@ def run_compiled_plain(args, job, helpers) -> dict:
 def run_compiled_teraio(args, job, helpers, ssd_dirs: list[str]) -> dict:
     """Run CB, with the compiled trace's peak, floor and memory curve for
     the report's no-offloading side."""
-    from .compile import CompiledOffload
+    from ..torch.compile import CompiledSession
     threads = compute_threads()
-    off = CompiledOffload(job.model, job.opt, capacity=args.capacity_fraction * (1 - args.plan_headroom),
+    off = CompiledSession(job.model, job.opt, capacity=args.capacity_fraction * (1 - args.plan_headroom),
                           ssd=ssd_dirs, bandwidth_share=args.bandwidth_derate, name="llama-demo")
     curve: list[int] = []
 

@@ -29,8 +29,8 @@ import operator
 import torch
 import torch.fx as fx
 
-from ._compile_ops import kernel_begin
-from ..core import READ, WRITE
+from .ops import kernel_begin
+from ...core import READ, WRITE
 
 
 def _name(target) -> str:

@@ -58,7 +58,7 @@ _lib = torch.library.Library("teraio", "DEF")
 _lib.define("kernel_begin(Tensor(a!)[] moved, Tensor[] read, Tensor? after, int graph, int kernel) -> Tensor")
 
 # The adapter's entry point: handler(moved, read, graph, kernel).  One per
-# process: the compiled path of teraio.torch.compile installs it.
+# process: the compiled driver (teraio.torch.compile.session) installs it.
 _handler: Callable | None = None
 
 

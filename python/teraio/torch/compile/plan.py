@@ -2,19 +2,21 @@
 
 The planner's migrations are kernel indices of the step's trace; a compiled
 step reaches the runtime only at ``teraio::kernel_begin`` calls (in the
-graphs) and at the eager kernels between regions (_compile_profile).
+graphs) and at the eager kernels between regions (compile.profile).
 :class:`StepPlan` turns a plan into the calls each graph gets, the trace
 ids each call binds and makes resident, and the resident bytes to account
 at each point: the trace's, or, for a region whose compiled code can be
-read, the bytes that code holds (_compile_code) plus the trace's for the
+read, the bytes that code holds (compile.code) plus the trace's for the
 rest of the process.
 """
 from __future__ import annotations
 
 import logging
 
-from ..core import READ, Lifetime, Plan, Trace
-from ._compile_profile import Profile
+from ...core import READ, Lifetime, Plan, Trace
+from ..session import PlanEntry
+from .code import code_memory
+from .profile import Profile
 
 log = logging.getLogger("teraio")
 
@@ -34,7 +36,7 @@ def with_extra(prof: Profile, extra: dict[tuple[int, int], int]) -> tuple[list, 
     return tensors, kernels
 
 
-class StepPlan:
+class StepPlan(PlanEntry):
     """One sequence of graphs: its trace, plan, and where the plan acts.
 
     `ops[key][j]`: the local storages of graph `key` that the
@@ -52,11 +54,9 @@ class StepPlan:
     """
 
     def __init__(self, prof: Profile, trace: Trace, lt: Lifetime, plan: Plan, capacity: int):
+        super().__init__(prof.sequence, trace, lt, plan, capacity)
         self.sequence = prof.sequence
         self.instances = prof.instances
-        self.trace, self.lifetime, self.plan = trace, lt, plan
-        self.capacity_bytes = capacity
-        self.iterations = 0
         self.n_profiled = len(prof.tensors)
         n = trace.n_kernels
         migs = plan.migrations()
@@ -146,10 +146,9 @@ class StepPlan:
 
     def use_code(self, source_of) -> None:
         """Account each region's kernels by the memory its compiled code
-        holds (_compile_code) instead of the trace's model; `source_of(info)`
+        holds (compile.code) instead of the trace's model; `source_of(info)`
         is the generated source of the code that runs for a graph.  A region
         whose code cannot be read keeps the trace's model."""
-        from ._compile_code import code_memory
         lt = self.lifetime._p.contents
         curve = self.lifetime.memory_curve()
         trace = self.trace
@@ -198,14 +197,12 @@ class StepPlan:
                     self.point_max[a] = held
             self.code_measured += 1
 
+    def fits(self) -> bool:
+        return bool(self.plan.fits) and self.expected_peak() <= self.capacity_bytes
+
     def describe(self) -> dict:
-        p = self.plan
-        return {"graphs": len(set(self.sequence)), "regions": len(self.sequence),
-                "kernels": self.trace.n_kernels, "peak_bytes": self.lifetime.peak_bytes,
-                "working_set_floor_bytes": self.lifetime.floor_bytes,
-                "capacity_bytes": self.capacity_bytes, "planned_peak_bytes": p.planned_peak_bytes,
-                "fits": bool(p.fits) and self.expected_peak() <= self.capacity_bytes,
-                "expected_peak_bytes": self.expected_peak(), "regions_measured_on_code": self.code_measured,
-                "migrations": p.n_migrations, "kernel_begin_calls": self.n_ops,
-                "bytes_to_ssd": p.bytes_to_ssd, "bytes_to_host": p.bytes_to_host,
-                "plan_seconds": p.plan_seconds, "iterations": self.iterations}
+        out = super().describe()
+        out.update({"graphs": len(set(self.sequence)), "regions": len(self.sequence),
+                    "expected_peak_bytes": self.expected_peak(), "regions_measured_on_code": self.code_measured,
+                    "kernel_begin_calls": self.n_ops})
+        return out

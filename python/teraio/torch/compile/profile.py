@@ -13,7 +13,7 @@ a graph break's Python).  The trace has, in the order they ran:
   one stretch (the optimizer's temporaries) become one tensor of the
   stretch's peak of such bytes, so the kernel does not hold them all at
   once;
-* the **graph's kernels** for each region run (_compile_graph.GraphInfo),
+* the **graph's kernels** for each region run (compile.graph.GraphInfo),
   timed node by node by an interpreter over the graph on the same inputs
   (before the compiled code runs, on copies of what the graph writes, with
   the random state put back), the times scaled so that they add up to the
@@ -37,10 +37,10 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core import KINDS, READ, WRITE
-from ._compile_graph import GraphInfo
-from ._ids import StorageIds, global_tensors, iter_tensors
-from .profiler import kernel_name
+from ...core import KINDS, READ, WRITE
+from .graph import GraphInfo
+from .._ids import StorageIds, global_tensors, iter_tensors
+from ..profiler import kernel_name
 
 EAGER = "teraio.eager"
 MOVABLE_KINDS = ("parameter", "gradient", "optimizer_state", "activation")

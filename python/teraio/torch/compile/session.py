@@ -1,29 +1,31 @@
-"""teraio.torch.compile: offloading inside the compiled program.
+"""teraio.torch.compile.session: a session whose steps run compiled code.
 
-    off = teraio.torch.compile.CompiledOffload(model, optimizer, capacity=0.5, ssd=["/mnt/nvme0/x"])
+    off = teraio.torch.offload(model, optimizer, capacity=0.5, ssd=["/mnt/nvme0/x"], compile=True)
     for batch in data:
         with off.step():
             loss = model(batch); loss.backward(); optimizer.step()
 
-The model is compiled with :attr:`CompiledOffload.backend`, which is
-Inductor (``compile_fx``) with teraio's hook on the graphs AOTAutograd hands
-Inductor (forward, backward, inference); other functions compiled with the
-same backend (``torch.compile(optimizer.step, backend=off.backend)``) take
-part too.  Then:
+What the compiled driver adds to teraio.torch.session.Session (which keeps
+the options, the capacity, the engine, the plan cache, the re-profile rule
+and the report).  The model is compiled with :attr:`CompiledSession.backend`,
+which is Inductor (``compile_fx``) with teraio's hook on the graphs
+AOTAutograd hands Inductor (forward, backward, inference); other functions
+compiled with the same backend (``torch.compile(optimizer.step,
+backend=off.backend)``) take part too.  Then:
 
 1. **Profile** (``profile_iterations`` steps, default 2): the compiled code
-   runs as Inductor made it; teraio.torch._compile_profile records the
+   runs as Inductor made it; teraio.torch.compile.profile records the
    iteration as a trace (every graph node a kernel, timed; every stretch of
-   eager code one kernel) and which graph ran where.
-2. **Plan**: libteraio's planner for ``capacity`` (bytes, or a share of the
-   profiled peak), moving only global tensors (parameters, gradients,
-   optimizer state) and activations (saved by a forward graph for a
-   backward graph): everything else is inside one graph or seen by eager
-   code, which is not watched.  Each graph with a planned migration is
-   compiled again with ``teraio::kernel_begin`` before the planned nodes
-   (teraio.torch._compile_ops); the others keep their code.  The plan is
-   then measured on the code that will run (_compile_plan, _compile_code)
-   and made again where that code holds more than the trace said.
+   eager code one kernel) and which graph ran where.  A step's key is its
+   sequence of graphs.
+2. **Plan**: libteraio's planner for the capacity, moving only global
+   tensors (parameters, gradients, optimizer state) and activations (saved
+   by a forward graph for a backward graph): everything else is inside one
+   graph or seen by eager code, which is not watched.  Each graph with a
+   planned migration is compiled again with ``teraio::kernel_begin`` before
+   the planned nodes (compile.ops); the others keep their code.  The plan is
+   then measured on the code that will run (compile.plan, compile.code) and
+   made again where that code holds more than the trace said.
 3. **Run**: every region call checks that it is the graph the plan expects
    at that place of the step; its ``kernel_begin`` calls drive the C
    runtime (``tio_runtime_kernel_begin`` at the plan's kernel indices,
@@ -33,10 +35,10 @@ part too.  Then:
    Python runs per operator.
 4. **Divergence**: a region the plan does not expect (a graph break taken
    another way, a recompile for new shapes, an eval pass) makes the step
-   leave the plan: a warning, every tensor fetched back, the rest of the
-   step runs as compiled without teraio.  After ``reprofile_after`` steps of
-   the same new sequence of graphs it is profiled and planned; up to
-   ``max_plans`` plans are kept by sequence and switched without profiling.
+   leave the plan: a warning, the runtime's iteration ends there, every
+   tensor is fetched back, and the rest of the step runs as compiled
+   without teraio.  A step whose first region starts another kept plan
+   switches to it there, without profiling.
 
 Kernel indices: the trace of a step is the concatenation, in run order, of
 eager kernel, graph kernels, eager kernel, ...; a graph run at several
@@ -45,13 +47,16 @@ per place, each with its own offset and trace ids, and the ``kernel_begin``
 calls carry the graph-local node index.
 
 Resident bytes: the compiled program's own buffers are Inductor's; the
-runtime holds only the tensors it moves.  The resident bytes at a point
-(a ``kernel_begin`` call, an eager kernel) are the most the code of the
-region holds until the next point (or the trace's memory, outside regions
-and where the code cannot be read) less the bytes whose storage the runtime
-has released: they change only where the runtime acts.
-``peak_resident_bytes`` and ``over_capacity_kernels`` in :meth:`report` are
-these.
+runtime binds only the global tensors and what it moves.  Before each
+point (a ``kernel_begin`` call, an eager kernel) the session tells the C
+runtime the most the code of the region holds until the next point
+(StepPlan.point_max: the bytes Inductor's code holds, or the trace's memory
+outside regions and where the code cannot be read) with
+``tio_runtime_account_program``; the runtime subtracts what it has
+released and counts the result against the capacity, as it does for eager
+steps, so ``peak_resident_bytes`` and ``over_capacity_*`` in
+:meth:`~teraio.torch.session.Session.report` come from the runtime in both
+modes.
 
 Limits: dynamic shapes (symbolic sizes) are not planned (said once; such a
 region runs as compiled); CUDA graphs (``mode="reduce-overhead"``) need
@@ -71,14 +76,14 @@ import weakref
 import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from .. import _lib as L
-from ..core import Engine, Lifetime, Plan, Trace
-from . import _compile_ops
-from ._compile_graph import GraphInfo
-from ._compile_plan import StepPlan, with_extra
-from ._compile_profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
-from .offload import OffloadRuntime, _Guard
-from .session import _PlanInUse
+from ... import _lib as L
+from ...core import Lifetime, Trace
+from ..runtime import OffloadRuntime, _Guard
+from ..session import NoPlan, Session, Unplannable
+from . import ops
+from .graph import GraphInfo
+from .plan import StepPlan, with_extra
+from .profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
 
 log = logging.getLogger("teraio")
 
@@ -97,15 +102,15 @@ def _dispatch_op(moved, read, graph: int, kernel: int) -> None:
             session._kernel_op(info, moved, read, kernel)
 
 
-_compile_ops.set_handler(_dispatch_op)
-_compile_ops.register_inductor_lowering()
+ops.set_handler(_dispatch_op)
+ops.register_inductor_lowering()
 
 
 class _RegionFn:
     """What teraio's inner compiler returns for a graph: the session decides
     at each call which compiled code runs (boxed calling convention)."""
 
-    def __init__(self, session: "CompiledOffload", info: GraphInfo):
+    def __init__(self, session: "CompiledSession", info: GraphInfo):
         self._boxed_call = True
         self._session = weakref.ref(session)
         self.info = info
@@ -131,34 +136,13 @@ class _GraphRuntime(OffloadRuntime):
     """The eager path's runtime: the C runtime, its callbacks, global tensors
     bound by name, iteration begin and end, the guard between iterations
     and state_dict safety; without the per-operator dispatch mode (the
-    compiled step reports its kernels through kernel_begin calls), and with
-    the bytes it has released counted (the resident bytes of a compiled
-    step are what the code holds less these)."""
+    compiled step reports its kernels through kernel_begin calls, and the
+    bytes its code holds through tio_runtime_account_program)."""
 
     def __init__(self, *args, **kwargs):
-        self.released_bytes = 0
         super().__init__(*args, **kwargs)
         self._mode = contextlib.nullcontext()
         self._guard = _CompiledGuard(self)
-
-    def _release(self, ctx, tensor):
-        rc = super()._release(ctx, tensor)
-        if rc == 0:
-            self.released_bytes += self.trace.tensor_bytes(tensor)
-        return rc
-
-    def _allocate(self, ctx, tensor, nbytes, addr):
-        rc = super()._allocate(ctx, tensor, nbytes, addr)
-        if rc == 0:
-            self.released_bytes -= self.trace.tensor_bytes(tensor)
-        return rc
-
-    def _drain_deaths(self) -> None:
-        for i, key in self._deaths:
-            b = self._bound.get(i)
-            if b is not None and b[0] == key and i in self._released:
-                self.released_bytes -= self.trace.tensor_bytes(i)
-        super()._drain_deaths()
 
     def bind(self, i: int, st) -> bool:
         """Bind storage `st` to id `i` unless it is (a released storage is
@@ -171,69 +155,30 @@ class _GraphRuntime(OffloadRuntime):
         return self._bind(i, st)
 
 
-class CompiledOffload(_PlanInUse):
+class CompiledSession(Session):
     """A compiled training job's offloading: profile, plan, run, re-plan
-    (module text).  The options are teraio.torch.offload's:
-    ``capacity`` bytes (int) or a share of the profiled peak (float in
-    (0, 1]); ``ssd`` one or more directories; ``profile_iterations``,
-    ``reprofile_after``, ``max_plans``, ``host_cap_bytes``,
-    ``bandwidth_share``, ``space_bytes``, ``staging``, ``name``; ``safe``
-    as OffloadRuntime's (between steps, operators that read an offloaded
-    tensor and the model's and optimizer's ``state_dict()`` fetch it
-    first).  Its own: ``compile_model`` (default True) calls
+    (module text).  The options are teraio.torch.offload's; its own:
+    ``compile_model`` (default True) calls
     ``model.compile(backend=self.backend, dynamic=False)``, else compile
-    what you like with :attr:`backend`; ``ssd_gbps``: the (read, write)
-    GB/s the planner assumes (default: measured through the engine; a plan
+    what you like with :attr:`backend`.  ``ssd_gbps`` (the (read, write)
+    GB/s the planner assumes, default measured through the engine): a plan
     assuming more than the SSD gives waits at its deadlines, never more
-    memory).  After :meth:`close` the model stays compiled; its graphs run
+    memory.  After :meth:`close` the model stays compiled; its graphs run
     as Inductor compiled them."""
 
+    mode = "compiled"
+
     def __init__(self, model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *,
-                 profile_iterations: int = 2, reprofile_after: int = 2, max_plans: int = 4,
-                 host_cap_bytes: int = 0, bandwidth_share: float = 0.7, space_bytes: int | None = None,
-                 staging: bool | None = None, compile_model: bool = True, name: str | None = None,
-                 ssd_gbps: tuple[float, float] | None = None, safe: bool = True):
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, float)):
-            raise TypeError(f"capacity must be bytes (int) or a share of the peak (float), got {capacity!r}")
-        if isinstance(capacity, float) and not 0 < capacity <= 1:
-            raise ValueError(f"capacity as a share of the peak must be in (0, 1], got {capacity}")
-        if isinstance(capacity, int) and capacity <= 0:
-            raise ValueError(f"capacity must be > 0 bytes, got {capacity}")
-        if isinstance(ssd, (str, bytes)) or not ssd:
-            raise ValueError("ssd must be a list of one or more directories")
-        for what, v in (("profile_iterations", profile_iterations), ("reprofile_after", reprofile_after),
-                        ("max_plans", max_plans)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
-        self.model, self.optimizer = model, optimizer
-        self.capacity, self.ssd = capacity, [str(d) for d in ssd]
-        self.profile_iterations, self.reprofile_after, self.max_plans = profile_iterations, reprofile_after, max_plans
-        self.host_cap_bytes, self.bandwidth_share = host_cap_bytes, bandwidth_share
-        self.space_bytes, self.staging = space_bytes, staging
-        self.name = name or type(model).__name__
-        self._plans: dict[tuple, StepPlan] = {}
-        self._seen: dict[tuple, int] = {}   # sequences without a plan: steps that ran them
-        self._unplannable: dict[tuple, str] = {}
-        self._profile_left = profile_iterations
+                 compile_model: bool = True, **options):
+        super().__init__(model, optimizer, capacity, ssd, **options)
         self._rec: Recorder | None = None
-        self._entry: StepPlan | None = None     # the plan the current/next step runs
-        self._rt: _GraphRuntime | None = None
-        self._engine: Engine | None = None
-        self._gbps: tuple[float, float] | None = tuple(ssd_gbps) if ssd_gbps else None
-        self._in_step = False
         self._active = False                  # the step follows self._entry
         self._pos = 0
         self._observed: list[str] = []
         self._current: dict[int, Instance] = {}
-        self._peak = 0
-        self._over = (0, 0)                   # kernels over the capacity, largest excess
-        self._counts = {"profiled": 0, "planned": 0, "diverged": 0, "reprofiles": 0, "switches": 0}
-        self._totals: dict[str, int] = {}
         self._warned: set = set()
         self._curve: list | None = None
         self._curve_points: list | None = None
-        self._closed = False
-        self.safe = safe
         self._iteration = None                # the runtime's iteration of the step running
         if compile_model:
             model.compile(backend=self.backend, dynamic=False)
@@ -283,9 +228,9 @@ class CompiledOffload(_PlanInUse):
 
     # -- regions ----------------------------------------------------------------
     def _run_region(self, info: GraphInfo, args):
-        if not self._in_step:
-            if self._rt is not None and self._rt.released_bytes:
-                self._fetch_back()
+        if self._step_kind is None:
+            if self._rt is not None and self._rt._released:
+                self._rt.fetch_all()
             return info.plain(args)
         self._observed.append(info.key)
         if self._rec is not None:
@@ -347,11 +292,14 @@ class CompiledOffload(_PlanInUse):
             self._diverge(f"tensor {i} has another size than in the trace")
 
     def _kernel(self, k: int, name: str, ensure) -> None:
-        """The runtime's kernel_begin(k), then what kernel k reads made
-        resident, then the resident bytes up to the next point accounted."""
+        """The runtime is told what the code holds up to the next point
+        (StepPlan.point_max, every bound tensor counted), then
+        kernel_begin(k), then what kernel k reads is made resident.  The
+        runtime counts the resident bytes against the capacity."""
         rt = self._rt
         if rt._deaths:
             rt._drain_deaths()  # tensors Inductor's code freed: unbound, not resident
+        L.check(L.tio_runtime_account_program(rt._p, self._entry.point_max[k]))
         rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode()))
         for i in ensure:
             if i in rt._bound:
@@ -359,43 +307,34 @@ class CompiledOffload(_PlanInUse):
         if rc == 1:
             self._diverge(f"the runtime found kernel {k} is not '{name}'")
             return
-        resident = self._entry.point_max[k] - rt.released_bytes
         if self._curve_points is not None:
-            self._curve_points.append((k, rt.released_bytes))
-        self._peak = max(self._peak, resident)
-        over = resident - self._entry.capacity_bytes
-        if over > 0:
-            self._over = (self._over[0] + 1, max(self._over[1], over))
+            self._curve_points.append((k, rt.stats()["resident_bytes"]))
 
     def _diverge(self, why: str) -> None:
+        """The step leaves its plan: the runtime's iteration ends here
+        (intermediate tensors back and unbound), every tensor is fetched back,
+        and the rest of the step runs as compiled without teraio."""
         self._warn(("diverged", self._entry.sequence, why),
                    f"teraio: the compiled step left its plan ({why}); offloaded tensors are fetched back "
                    f"and the rest of the step runs without teraio")
         self._active = False
-        self._counts["diverged"] += 1
-        self._fetch_back()
-
-    def _fetch_back(self) -> None:
+        self._curve_points = None
+        self._end_iteration()
         self._rt.fetch_all()
+        self._rt._guard_off()
 
     def _warn(self, key, msg: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("%s", msg)
 
-    # -- the runtime --------------------------------------------------------------
-    def _use(self, entry: StepPlan) -> None:
-        """Run `entry`'s plan from the next step on."""
-        if self._entry is entry and self._rt is not None:
-            return
-        if self._rt is not None:
-            self._counts["switches"] += 1
-        self._close_runtime()
-        self._entry = entry
-        self._rt = _GraphRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
-                                 staging=self.staging, safe=self.safe)
+    # -- the driver's part of the session -----------------------------------------
+    def _make_runtime(self, entry: StepPlan) -> _GraphRuntime:
+        rt = _GraphRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
+                           staging=self.staging, safe=self.safe)
         for info in {x.info.gid: x.info for x in entry.instances}.values():
             self._variant(info, entry)
+        return rt
 
     def _end_iteration(self) -> None:
         """The runtime's iteration ends (intermediate tensors come back and
@@ -406,44 +345,16 @@ class CompiledOffload(_PlanInUse):
 
     def _close_runtime(self) -> None:
         self._end_iteration()
-        if self._rt is not None:
-            for k, v in self._rt.stats().items():
-                if isinstance(v, bool):
-                    continue
-                self._totals[k] = self._totals.get(k, 0) + v
-            self._rt.close()
-            self._rt = None
+        super()._close_runtime()
 
-    def _capacity_for(self, lt: Lifetime) -> int:
-        if isinstance(self.capacity, float):
-            return max(1, int(lt.peak_bytes * self.capacity))
-        return self.capacity
-
-    def _engine_for(self, lt: Lifetime, trace: Trace) -> Engine:
-        need = self.space_bytes or 2 * lt.peak_bytes + 4096 * trace.n_tensors + (64 << 20)
-        if self._engine is None or getattr(self, "_engine_space", 0) < need:
-            self._close_runtime()
-            if self._engine is not None:
-                self._engine.close()
-            self._engine = Engine(self.ssd, need)
-            self._engine_space = need
-            if self._gbps is None:
-                self._gbps = self._engine.measure_gbps(min(256 << 20, max(16 << 20, lt.peak_bytes // 4)))
-        return self._engine
-
-    def _plan(self, prof: Profile) -> None:
+    def _plan_profile(self, key, prof: Profile, capacity_of) -> StepPlan:
         bad = next((x.info for x in prof.instances if x.info.unplannable), None)
         if bad is not None:
-            self._unplannable[prof.sequence] = f"graph {bad.key} ({bad.kind}): {bad.unplannable}"
-            self._warn(("unplannable", prof.sequence),
-                       f"teraio: a compiled step cannot be planned ({self._unplannable[prof.sequence]}); "
-                       f"it runs without teraio")
-            return
+            raise Unplannable(f"graph {bad.key} ({bad.kind}): {bad.unplannable}")
         trace = Trace.build(self.name, prof.tensors, prof.kernels)
         lt = Lifetime(trace)
-        cap = self._capacity_for(lt)
+        cap = capacity_of(lt)
         self._engine_for(lt, trace)
-        rg, wg = self._gbps
         # Plan, compile the calls in, measure the plan on the code that will
         # run (StepPlan.use_code).  Where the code holds more than the trace
         # said, the trace gets a tensor of the difference over those kernels
@@ -451,16 +362,9 @@ class CompiledOffload(_PlanInUse):
         extra: dict[tuple[int, int], int] = {}
         for _ in range(5):
             try:
-                plan = Plan.build(trace, lt, cap, ssd_read_gbps=rg * self.bandwidth_share,
-                                  ssd_write_gbps=wg * self.bandwidth_share, host_cap_bytes=self.host_cap_bytes,
-                                  kinds=MOVABLE_KINDS)
+                plan = self._build_plan(trace, lt, cap, kinds=MOVABLE_KINDS)
             except L.TeraioError as e:
-                if not self._plans:
-                    raise ValueError(f"teraio: no plan for the compiled step at capacity {cap} bytes: {e}") from e
-                self._unplannable[prof.sequence] = str(e)
-                self._warn(("unplannable", prof.sequence),
-                           f"teraio: a compiled step cannot be planned ({e}); it runs without teraio")
-                return
+                raise NoPlan(cap, e) from e
             entry = StepPlan(prof, trace, lt, plan, cap)
             entry.use_code(lambda info: getattr(self._variant(info, entry), "source_code", None))
             if entry.expected_peak() <= cap or not plan.fits or not entry.excess:
@@ -469,104 +373,72 @@ class CompiledOffload(_PlanInUse):
                 extra[(a, b)] = extra.get((a, b), 0) + nbytes
             trace = Trace.build(self.name, *with_extra(prof, extra))
             lt = Lifetime(trace)
-        if not plan.fits or entry.expected_peak() > cap:
-            log.warning("teraio: the compiled step's plan for capacity %d bytes does not fit: planned peak %d, "
-                        "on Inductor's code %d", cap, plan.planned_peak_bytes, entry.expected_peak())
-        self._plans[prof.sequence] = entry
-        while len(self._plans) > self.max_plans:
-            old = next(iter(self._plans))
-            if self._plans[old] is self._entry:
-                break
-            del self._plans[old]
-        self._seen.pop(prof.sequence, None)
-        log.info("teraio: planned a compiled step of %d regions: %d kernels, peak %d bytes, capacity %d, "
-                 "planned %d (%d on Inductor's code), %d migrations, %d kernel_begin calls",
-                 len(prof.sequence), trace.n_kernels, lt.peak_bytes, cap, plan.planned_peak_bytes,
-                 entry.expected_peak(), plan.n_migrations, entry.n_ops)
-        self._use(entry)
+        if plan.fits and entry.expected_peak() > cap:
+            log.warning("teraio: the compiled step's plan for capacity %d bytes does not fit on Inductor's "
+                        "code: planned peak %d, on the code %d", cap, plan.planned_peak_bytes,
+                        entry.expected_peak())
+        log.info("teraio: a compiled step of %d regions: %d kernel_begin calls, %d on Inductor's code",
+                 len(prof.sequence), entry.n_ops, entry.expected_peak())
+        return entry
 
-    # -- steps ------------------------------------------------------------------
-    def step(self):
-        """Context manager around one training step (forward, backward,
-        optimizer step)."""
-        return _Step(self)
-
-    def _enter(self) -> None:
-        if self._closed:
-            raise RuntimeError("teraio: CompiledOffload is closed")
-        if self._in_step:
-            raise RuntimeError("teraio: step() is already running")
-        self._in_step = True
+    def _start_step(self) -> None:
         self._observed = []
         self._pos = 0
         self._current.clear()
-        if self._rt is not None:
-            self._begin_plan()
-        elif self._profile_left > 0:
-            self._rec = Recorder(self.model, self.optimizer, self.name)
-            self._rec.mode.__enter__()
-        # else: no plan for what runs now (it could not be planned): the step
-        # runs as compiled, and _exit looks for one again.
 
-    def _exit(self, failed: bool) -> None:
-        self._in_step = False
+    def _profile_begin(self) -> None:
+        self._start_step()
+        rec = Recorder(self.model, self.optimizer, self.name)
+        rec.mode.__enter__()
+        self._rec = rec
+
+    def _profile_end(self, exc):
         rec, self._rec = self._rec, None
-        if rec is not None:
-            rec.mode.__exit__(None, None, None)
-            if failed:
-                return
-            self._counts["profiled"] += 1
-            self._profile_left -= 1
-            if self._profile_left == 0:
-                self._plan(rec.finish())
-            return
+        rec.mode.__exit__(None, None, None)
+        if exc[0] is not None:
+            return None
+        prof = rec.finish()
+        return prof.sequence, prof
+
+    def _run_begin(self) -> None:
+        self._start_step()
+        self._begin_plan()
+
+    def _run_end(self, exc):
         active, self._active = self._active, False
-        if failed:
+        if exc[0] is not None:
             self._end_iteration()
-            return
+            return None, False
         entry = self._entry
         if active and self._pos != len(entry.sequence):
             self._active = True
             self._diverge(f"the step ended after {self._pos} of the plan's {len(entry.sequence)} regions")
-            self._active = False
+            self._active = active = False
         self._end_iteration()
         seq = tuple(self._observed)
-        if active and entry is not None and seq == entry.sequence:
-            self._counts["planned"] += 1
-            entry.iterations += 1
+        followed = active and seq == entry.sequence
+        if followed:
             self._fill_curve()
-        self._choose_next(seq)
+        return seq, followed
 
-    def _choose_next(self, seq: tuple) -> None:
-        """After a step that ran the graphs `seq`: that sequence's plan for
-        the next step, or a profile when it has none and was seen
-        reprofile_after times.  (A step that starts with another plan's
-        first graph switches to it there: _switch_at_first_region.)"""
-        if seq in self._plans:
-            self._use(self._plans[seq])
-            return
-        if seq in self._unplannable:
-            return
-        self._seen[seq] = self._seen.get(seq, 0) + 1
-        if self._seen[seq] >= self.reprofile_after:
-            self._close_runtime()
-            self._entry = None
-            self._profile_left = 1
-            self._counts["reprofiles"] += 1
+    def _plain_begin(self) -> None:
+        self._start_step()
+
+    def _plain_end(self, exc):
+        return tuple(self._observed)
 
     def _fill_curve(self) -> None:
-        """The resident bytes per kernel of the step just run, into the list
-        record_curve gave."""
+        """The resident bytes per kernel of the step just run (the runtime's,
+        at the point each kernel falls in), into the list record_curve gave."""
         points, self._curve_points = self._curve_points, None
-        if points is None:
+        if points is None or self._curve is None:
             return
-        curve = self._entry.lifetime.memory_curve()
-        released, x = 0, 0
-        for k, m in enumerate(curve):
+        resident, x = 0, 0
+        for k in range(self._entry.trace.n_kernels):
             while x < len(points) and points[x][0] <= k:
-                released = points[x][1]
+                resident = points[x][1]
                 x += 1
-            self._curve.append(m - released)
+            self._curve.append(resident)
         self._curve = None
 
     # -- public -----------------------------------------------------------------
@@ -575,68 +447,5 @@ class CompiledOffload(_PlanInUse):
         to `curve` (left empty if that step does not follow its plan)."""
         self._curve = curve
 
-    def _in_use(self):
-        return self._entry
 
-    @property
-    def runtime(self) -> OffloadRuntime | None:
-        """The runtime of the plan the steps run (None while profiling)."""
-        return self._rt
-
-    def fetch_all(self) -> None:
-        """Bring every offloaded tensor back now."""
-        if self._rt is not None:
-            self._fetch_back()
-
-    def report(self) -> dict:
-        """What was profiled, planned and moved, and what it cost: the
-        runtime's counters summed over the runtimes of the session, then
-        the compiled path's own (resident peak, kernels over the capacity,
-        step counts), which take precedence."""
-        out = dict(self._totals)
-        if self._rt is not None:
-            for k, v in self._rt.stats().items():
-                if not isinstance(v, bool):
-                    out[k] = out.get(k, 0) + v
-        for k in ("resident_bytes", "capacity_bytes", "diverged_kernel"):
-            out.pop(k, None)
-        out.update({"mode": "compiled", "steps": self._counts["profiled"] + self._counts["planned"]
-                    + self._counts["diverged"],
-                    "profiled_iterations": self._counts["profiled"],
-                    "planned_iterations": self._counts["planned"],
-                    "diverged_iterations": self._counts["diverged"],
-                    "reprofiles": self._counts["reprofiles"], "plan_switches": self._counts["switches"],
-                    "plans": [e.describe() for e in self._plans.values()],
-                    "unplannable": list(self._unplannable.values()), "ssd_dirs": self.ssd,
-                    "peak_resident_bytes": self._peak, "over_capacity_kernels": self._over[0],
-                    "over_capacity_bytes_max": self._over[1], "stall_s": out.get("stall_ns", 0) / 1e9})
-        return self._report_io(out)
-
-    def close(self) -> None:
-        """Bring everything back and release the engine and its files."""
-        if self._closed:
-            return
-        self._close_runtime()
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
-        self._closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class _Step:
-    def __init__(self, off: CompiledOffload):
-        self.off = off
-
-    def __enter__(self):
-        self.off._enter()
-        return self.off
-
-    def __exit__(self, *exc):
-        self.off._exit(exc[0] is not None)
-        return False
+CompiledOffload = CompiledSession  # the name before teraio.torch.session

@@ -1,0 +1,255 @@
+"""teraio.torch.session: one session for eager and compiled steps.
+
+The eager and the compiled path used to be two hand-kept classes that had
+drifted: ``ssd`` as one directory and ``{local_rank}`` templates were taken
+by the eager path only, a capacity of 2^64 was refused by the eager path
+only, the two plan caches trimmed by different rules, and the compiled path
+checked the capacity again in Python with its own figures.  Each case here
+runs on both paths.
+"""
+import ast
+import re
+import pathlib
+
+import pytest
+import torch
+import torch.nn as nn
+
+import teraio.torch
+from teraio.core import Lifetime, Plan, Trace
+from teraio.torch.compile import CompiledSession
+from teraio.torch.eager import EagerSession
+from teraio.torch.session import PlanEntry, Session
+
+PATHS = [False, True]  # compile=
+
+
+def _model():
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize("compile", PATHS)
+def test_ssd_as_one_directory_is_taken_by_both_paths(tmp_path, compile):
+    model, opt = _model()
+    with teraio.torch.offload(model, opt, capacity=0.5, ssd=str(tmp_path), compile=compile,
+                              compile_model=False) if compile else \
+            teraio.torch.offload(model, opt, capacity=0.5, ssd=str(tmp_path)) as off:
+        assert off.ssd == [str(tmp_path)]
+        assert off.report()["mode"] == ("compiled" if compile else "eager")
+
+
+@pytest.mark.parametrize("compile", PATHS)
+def test_local_rank_template_is_filled_on_both_paths(tmp_path, monkeypatch, compile):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    (tmp_path / "nvme1").mkdir()
+    model, opt = _model()
+    kw = {"compile_model": False} if compile else {}
+    off = teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path / "nvme{local_rank}")],
+                               compile=compile, **kw)
+    assert off.ssd == [str(tmp_path / "nvme1")]
+    off.close()
+    # one list per local rank: LOCAL_RANK picks the second
+    (tmp_path / "b").mkdir()
+    off = teraio.torch.offload(model, opt, capacity=0.5, ssd=[[str(tmp_path / "a")], [str(tmp_path / "b")]],
+                               compile=compile, **kw)
+    assert off.ssd == [str(tmp_path / "b")]
+    off.close()
+
+
+@pytest.mark.parametrize("compile", PATHS)
+@pytest.mark.parametrize("capacity, err, says", [
+    (2**64, ValueError, "< 2^64"), (0, ValueError, "> 0 bytes"), (1.5, ValueError, "(0, 1]"),
+    (True, TypeError, "capacity must be bytes")])
+def test_capacity_is_checked_alike_on_both_paths(tmp_path, compile, capacity, err, says):
+    model, opt = _model()
+    kw = {"compile_model": False} if compile else {}
+    with pytest.raises(err, match=re.escape(says)):
+        teraio.torch.offload(model, opt, capacity=capacity, ssd=[str(tmp_path)], compile=compile, **kw)
+
+
+@pytest.mark.parametrize("compile", PATHS)
+@pytest.mark.parametrize("option, value, says", [
+    ("bandwidth_share", "0.5", "bandwidth_share must be a number in"),
+    ("space_bytes", -1, "space_bytes must be bytes"),
+    ("profile_iterations", True, "profile_iterations must be an integer >= 1"),
+    ("ssd_gbps", (1.0,), "ssd_gbps must be"),
+])
+def test_options_are_checked_when_the_session_is_made(tmp_path, compile, option, value, says):
+    model, opt = _model()
+    kw = {"compile_model": False} if compile else {}
+    with pytest.raises(ValueError, match=says):
+        teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path)], compile=compile,
+                             **{option: value}, **kw)
+
+
+class _StubDriver(Session):
+    """A driver whose every profiled step plans one small real trace, keyed
+    by what the test says the step ran: the session's own cache rule."""
+
+    mode = "stub"
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.keys = []
+        self.made = []
+
+    def _profile_begin(self):
+        pass
+
+    def _profile_end(self, exc):
+        return self.keys.pop(0), None
+
+    def _plan_profile(self, key, profile, capacity_of):
+        trace = Trace.build("stub", [(4096, "parameter", True, "w"), (8192, "activation", False, None)],
+                            [("a", 1000, [(0, 1), (1, 2)]), ("b", 1000, [(0, 1)]), ("c", 1000, [(1, 1)])])
+        lt = Lifetime(trace)
+        cap = capacity_of(lt)
+        return PlanEntry(key, trace, lt, Plan.build(trace, lt, cap, ssd_read_gbps=1.0, ssd_write_gbps=1.0), cap)
+
+    def _make_runtime(self, entry):
+        self.made.append(entry.key)
+        return _StubRuntime()
+
+    def _run_begin(self):
+        pass
+
+    def _run_end(self, exc):
+        return self.keys.pop(0), True
+
+
+class _StubRuntime:
+    _p = None
+
+    def stats(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_plan_cache_trimming_is_the_sessions_one_rule(tmp_path):
+    """max_plans=2: plans are dropped least recently used first, never the
+    one in use; neither driver has a rule of its own."""
+    for driver in (EagerSession, CompiledSession):
+        for name in ("_plan", "_after", "_use", "_expected_after", "report", "close", "_enter", "_exit"):
+            assert getattr(driver, name) is getattr(Session, name), (driver, name)
+    model, opt = _model()
+    s = _StubDriver(model, opt, capacity=1.0, ssd=[str(tmp_path)], profile_iterations=1, reprofile_after=1,
+                    max_plans=2, ssd_gbps=(1.0, 1.0))
+
+    def step(key):
+        s.keys.append(key)
+        with s.step():
+            pass
+
+    step("A")                 # profiled, planned, A runs next
+    step("B")                 # under A, B seen once and expected: profiled next
+    step("B")                 # profiled, planned
+    step("A")                 # under B: A was followed by B last time, so B runs next
+    assert list(s._plans) == ["A", "B"] and s._entry.key == "B"
+    step("A")                 # A followed by B, then by A: A runs next
+    assert list(s._plans) == ["B", "A"] and s._entry.key == "A"
+    step("C")                 # under A, C expected next: profiled
+    step("C")                 # planned: B (least recently used) dropped, A kept
+    assert list(s._plans) == ["A", "C"]
+    assert s.made == ["A", "B", "A", "C"]
+    rep = s.report()
+    assert rep["profiled_iterations"] == 3 and rep["reprofiles"] == 2
+    assert [p["key"] for p in rep["plans"]] == ["A", "C"]
+
+
+def test_an_exception_entering_a_step_leaves_the_next_step_runnable(tmp_path):
+    """Ctrl-C while step() was entering left it marked as running for the
+    rest of the process."""
+    model, opt = _model()
+    off = teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path)])
+    real = off._profile_begin
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    off._profile_begin = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        with off.step():
+            pass
+    off._profile_begin = real
+    with off.step():
+        model(torch.randn(2, 8)).sum().backward()
+    assert off.report()["profiled_iterations"] == 1
+    with pytest.raises(RuntimeError, match="close\\(\\) inside a step"):
+        with off.step():
+            off.close()
+    off.close()
+
+
+def test_compiled_report_counts_a_step_over_its_capacity(tmp_path):
+    """The compiled path's resident bytes come from the C runtime: a step run
+    under a plan made for the whole peak (it moves nothing) but held to half
+    of it is counted over the capacity, kernel by kernel."""
+    from test_compile import OneLayerJob
+
+    class Oversized(CompiledSession):
+        def _build_plan(self, trace, lt, cap, **kw):
+            plan = super()._build_plan(trace, lt, lt.peak_bytes, **kw)
+            plan._p.contents.capacity_bytes = cap  # the runtime holds it to `cap`
+            return plan
+
+    torch._dynamo.reset()
+    job = OneLayerJob(iterations=4, batch=16)
+    off = Oversized(job.model, job.opt, capacity=0.5, ssd=[str(tmp_path)], ssd_gbps=(8.0, 8.0))
+    for i in range(4):
+        with off.step():
+            job.step(i)
+    rep = off.report()
+    off.close()
+    cap = rep["plans"][0]["capacity_bytes"]
+    assert rep["planned_iterations"] == 2 and rep["plans"][0]["migrations"] == 0
+    assert rep["over_capacity_kernels"] >= 2            # at least one per step
+    assert rep["peak_resident_bytes"] > cap
+    assert rep["over_capacity_bytes_max"] == rep["peak_resident_bytes"] - cap
+
+
+def _imports(path: pathlib.Path, package: str) -> set[str]:
+    """The teraio.torch modules `path` imports (anywhere in it)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")
+            base = base[:len(base) - node.level + 1]
+            mod = ".".join(base + ([node.module] if node.module else []))
+            names = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
+            out.update(names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return {m for m in out if m.startswith("teraio.torch")}
+
+
+def test_no_circle_of_imports_in_teraio_torch():
+    root = pathlib.Path(teraio.torch.__file__).parent
+    modules = {}
+    for f in root.rglob("*.py"):
+        rel = f.relative_to(root.parent.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        package = name if rel.name == "__init__" else name.rsplit(".", 1)[0]
+        modules[name] = _imports(f, package)
+    graph = {m: {d for d in deps if d in modules and d != m} for m, deps in modules.items()}
+    assert "teraio.torch.compile.session" in graph and "teraio.torch.eager" in graph
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                raise AssertionError("import circle: " + " -> ".join(path + [m, d]))
+            if d not in state:
+                visit(d, path + [m])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
