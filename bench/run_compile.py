@@ -8,7 +8,7 @@ initialisation, same batches), each in its own copy in this one process:
   eager + teraio     teraio.torch.OffloadRuntime, the dispatch mode: every
                      operator reported to the runtime
   compiled           model.compile() (Inductor; reference of the next)
-  compiled + teraio  teraio.torch.compile.CompiledOffload: Inductor with
+  compiled + teraio  teraio.torch.compile.CompiledSession: Inductor with
                      teraio's calls at the planned nodes only
 
 First at a capacity of four times each path's profiled peak, where the plan
@@ -94,8 +94,8 @@ def compiled(job):
 
 
 def compiled_teraio(job, capacity, ssd):
-    from teraio.torch.compile import CompiledOffload
-    off = CompiledOffload(job.model, job.opt, capacity=capacity, ssd=[ssd])
+    from teraio.torch.compile import CompiledSession
+    off = CompiledSession(job.model, job.opt, capacity=capacity, ssd=[ssd])
 
     def run(i):
         with off.step():

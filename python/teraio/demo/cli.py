@@ -89,7 +89,7 @@ def parent(args) -> int:
 
 
 def run_ca(args) -> dict:
-    """The compiled mode's run without teraio (teraio.torch._compile_demo)."""
+    """The compiled mode's run without teraio (teraio.demo.compiled)."""
     from .compiled import run_compiled_plain
     from . import job
     return run_compiled_plain(args, job.Job(args), job)
