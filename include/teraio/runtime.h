@@ -115,6 +115,9 @@ typedef struct {
     uint64_t over_capacity_kernels;   /* kernels whose resident bytes exceeded the capacity */
     uint64_t over_capacity_bytes_max; /* largest excess over the capacity */
     uint64_t capacity_bytes;      /* the plan's capacity */
+    uint64_t peak_process_rss_bytes; /* the process's resident set as the OS counts it (Linux:
+                                        /proc/self/statm), the largest sampled at a kernel_begin
+                                        of an iteration; 0 where it cannot be read */
 } tio_runtime_stats;
 
 typedef struct tio_runtime tio_runtime;
@@ -153,6 +156,17 @@ TIO_API int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr
 /* Tensor `tensor` died: waits for its in-flight I/O, drops its stored copy.
  * Returns 0, TIO_EUNKNOWN (not bound), -EPERM (another thread). */
 TIO_API int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor);
+
+/* Bind `tensor` whose memory is released and whose bytes are stored in
+ * `extent` of the runtime's engine (a tensor the pager evicted,
+ * tio_pager_detach): it is OFFLOADED, and the runtime owns the extent from
+ * now on.  It comes back like any offloaded tensor (allocate callback, at
+ * iteration_begin where the plan has it resident, or on demand).  Returns 0,
+ * -EINVAL (no such tensor, another size than the trace's, NULL extent, no
+ * engine), -EPERM (another thread), or an error of unbinding what was bound
+ * there before. */
+TIO_API int tio_runtime_tensor_bind_stored(tio_runtime *rt, uint32_t tensor, uint64_t bytes,
+                                           const tio_extent *extent);
 
 /* Start of a training iteration (kernel index restarts at 0).  The first
  * call also puts tensors where the plan's steady state has them at kernel 0:

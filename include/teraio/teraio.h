@@ -16,6 +16,7 @@
 #include "teraio/engine.h"
 #include "teraio/gpu.h"
 #include "teraio/runtime.h"
+#include "teraio/pager.h"
 #include "teraio/sim.h"
 #include "teraio/tok.h"
 #include "teraio/data.h"

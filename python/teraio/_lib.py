@@ -288,7 +288,7 @@ class RuntimeStats(Structure):
                 ("diverged_kernel", c_uint32), ("diverged_iterations", c_uint64),
                 ("fetches_outside", c_uint64), ("bytes_fetched_outside", c_uint64),
                 ("over_capacity_kernels", c_uint64), ("over_capacity_bytes_max", c_uint64),
-                ("capacity_bytes", c_uint64)]
+                ("capacity_bytes", c_uint64), ("peak_process_rss_bytes", c_uint64)]
 
 
 tio_runtime_create = _fn("tio_runtime_create", c_int, PlanP, TraceP, c_void_p, POINTER(RuntimeCallbacks),
@@ -308,6 +308,37 @@ tio_runtime_held_past_free = _fn("tio_runtime_held_past_free", c_int, c_void_p, 
                                  POINTER(c_uint32), c_uint32)
 tio_runtime_fetch_all = _fn("tio_runtime_fetch_all", c_int, c_void_p)
 tio_runtime_get_stats = _fn("tio_runtime_get_stats", None, c_void_p, POINTER(RuntimeStats))
+tio_runtime_tensor_bind_stored = _fn("tio_runtime_tensor_bind_stored", c_int, c_void_p, c_uint32, c_uint64,
+                                     POINTER(Extent))
+
+
+class PagerCallbacks(Structure):
+    _c_name = "tio_pager_callbacks"
+    _fields_ = [("ctx", c_void_p), ("allocate", ALLOCATE_FN), ("release", RELEASE_FN)]
+
+
+class PagerStats(Structure):
+    _c_name = "tio_pager_stats"
+    _fields_ = [("capacity_bytes", c_uint64), ("resident_bytes", c_uint64), ("peak_resident_bytes", c_uint64),
+                ("tracked_bytes", c_uint64), ("peak_tracked_bytes", c_uint64), ("evictions", c_uint64),
+                ("bytes_evicted", c_uint64), ("fetches", c_uint64), ("bytes_fetched", c_uint64),
+                ("io_ns", c_uint64), ("kernels", c_uint64), ("over_capacity_kernels", c_uint64),
+                ("over_capacity_bytes_max", c_uint64), ("peak_process_rss_bytes", c_uint64)]
+
+
+tio_pager_create = _fn("tio_pager_create", c_int, c_void_p, c_uint64, c_double, POINTER(PagerCallbacks),
+                       POINTER(c_void_p))
+tio_pager_destroy = _fn("tio_pager_destroy", None, c_void_p)
+tio_pager_set_capacity = _fn("tio_pager_set_capacity", c_int, c_void_p, c_uint64, c_double)
+tio_pager_kernel_begin = _fn("tio_pager_kernel_begin", c_int, c_void_p)
+tio_pager_track = _fn("tio_pager_track", c_int, c_void_p, c_void_p, c_uint64, c_bool, POINTER(c_uint32))
+tio_pager_forget = _fn("tio_pager_forget", c_int, c_void_p, c_uint32)
+tio_pager_use = _fn("tio_pager_use", c_int, c_void_p, c_uint32, POINTER(c_void_p))
+tio_pager_reserve = _fn("tio_pager_reserve", c_int, c_void_p, c_uint64)
+tio_pager_fetch_all = _fn("tio_pager_fetch_all", c_int, c_void_p)
+tio_pager_is_resident = _fn("tio_pager_is_resident", c_bool, c_void_p, c_uint32)
+tio_pager_detach = _fn("tio_pager_detach", c_int, c_void_p, c_uint32, POINTER(c_bool), POINTER(Extent))
+tio_pager_get_stats = _fn("tio_pager_get_stats", None, c_void_p, POINTER(PagerStats))
 
 
 # ---- tokenizer --------------------------------------------------------------

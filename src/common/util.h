@@ -80,6 +80,11 @@ char *tio_format_bytes(uint64_t bytes, char *buf);
 /* Monotonic clock in nanoseconds. */
 uint64_t tio_now_ns(void);
 
+/* The process's resident set in bytes as the OS counts it (rss.c; Linux's
+ * /proc/self/statm), 0 where it cannot be read.  Thread-safe; one system
+ * call. */
+uint64_t tio_process_rss_bytes(void);
+
 /* The environment variable TERAIO_<suffix> (env.c), or, when that is unset,
  * the older TIO_<suffix>: tio_env("ENGINE_BACKEND") reads
  * $TERAIO_ENGINE_BACKEND, then $TIO_ENGINE_BACKEND.  A TERAIO_ variable that

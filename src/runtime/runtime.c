@@ -299,6 +299,11 @@ static void apply_program_bytes(tio_runtime *rt)
  * kernel_begin). */
 static void open_window(tio_runtime *rt, uint32_t k)
 {
+    if (rt->in_iteration) {
+        uint64_t rss = tio_process_rss_bytes();
+        if (rss > rt->stats.peak_process_rss_bytes)
+            rt->stats.peak_process_rss_bytes = rss;
+    }
     rt->window_open = true;
     rt->window_over = false;
     rt->window_kernel = k;
@@ -528,6 +533,44 @@ int tio_runtime_tensor_bind(tio_runtime *rt, uint32_t tensor, void *addr, uint64
     if (rt->program_active)
         refresh_program_bytes(rt);
     rt_resident_add(rt, bytes);
+    return 0;
+}
+
+static int unbind(tio_runtime *rt, uint32_t id);
+
+int tio_runtime_tensor_bind_stored(tio_runtime *rt, uint32_t tensor, uint64_t bytes,
+                                   const tio_extent *extent)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_tensor_bind_stored: runtime is NULL");
+    int rc = check_thread(rt, "tio_runtime_tensor_bind_stored");
+    if (rc < 0)
+        return rc;
+    if (!extent || !rt->engine)
+        return tio_fail(-EINVAL, "tensor %u: a stored copy needs an extent and a runtime with an engine",
+                        tensor);
+    if (tensor >= rt->trace->n_tensors)
+        return tio_fail(-EINVAL, "tensor %u does not exist (the trace has %u tensors)", tensor,
+                        rt->trace->n_tensors);
+    rt_tensor *t = &rt->tensors[tensor];
+    if (bytes != t->bytes || extent->bytes < bytes)
+        return tio_fail(-EINVAL, "tensor %u: a stored copy of %llu bytes (extent %llu), the trace has %llu",
+                        tensor, (unsigned long long)bytes, (unsigned long long)extent->bytes,
+                        (unsigned long long)t->bytes);
+    if (t->bound) {
+        rc = unbind(rt, tensor);
+        if (rc < 0)
+            return rc;
+    }
+    t->bound = true;
+    t->state = TENSOR_OFFLOADED;
+    t->stored = TIO_TIER_SSD;
+    t->extent = *extent;
+    t->has_extent = true;
+    t->addr = NULL;
+    rt->bound_bytes += t->bytes;
+    if (rt->program_active)
+        refresh_program_bytes(rt);
     return 0;
 }
 

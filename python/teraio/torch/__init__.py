@@ -50,6 +50,10 @@ def offload(model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *, c
     ``session.backend``) and the migrations are calls in the compiled
     program instead of a dispatch mode (teraio.torch.compile,
     docs/compile.md), with the same options and methods."""
+    if not isinstance(compile, bool):
+        raise TypeError(f"teraio.torch.offload: compile must be True or False, got {compile!r}")
+    if "compile_model" in options and not isinstance(options["compile_model"], bool):
+        raise TypeError(f"teraio.torch.offload: compile_model must be True or False, got {options['compile_model']!r}")
     if compile:
         from .compile import CompiledSession
         return CompiledSession(model, optimizer, capacity, ssd, **options)

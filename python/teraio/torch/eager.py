@@ -3,8 +3,12 @@
 What the eager driver adds to teraio.torch.session.Session:
 
 1. **Profile**: the first ``profile_iterations`` steps (default 2) run under
-   the :class:`~teraio.torch.Profiler`, with everything resident.  The last
-   one is the trace (the first also creates the optimizer's state).  A
+   the :class:`~teraio.torch.Profiler` and, on the CPU, within the capacity:
+   a pager (teraio.torch.pager, libteraio's pager.h) evicts the least
+   recently used tensors to the SSD whenever the resident bytes would exceed
+   it (a capacity given as a share is a share of the largest memory seen so
+   far, so of the peak without ever holding it).  The last one is the trace
+   (the first also creates the optimizer's state).  A
    step's key is the fingerprint of its operator sequence (kernel names,
    output sizes and shapes, teraio.torch.profiler.sequence_fingerprint).
 2. **Plan**: the engine is made over the ``ssd`` directories, its read and
@@ -23,11 +27,19 @@ values (OffloadRuntime's safe mode); ``close()`` brings everything back.
 """
 from __future__ import annotations
 
+import logging
+
+import torch
+
 from .. import _lib as L
 from ..core import Lifetime
+from ._ids import global_tensors
+from .pager import Pager
 from .profiler import Profiler
 from .runtime import OffloadRuntime
 from .session import NoPlan, PlanEntry, Session
+
+log = logging.getLogger("teraio")
 
 
 class EagerSession(Session):
@@ -38,20 +50,57 @@ class EagerSession(Session):
 
     def __init__(self, model, optimizer=None, capacity=0.5, ssd=None, **options):
         super().__init__(model, optimizer, capacity, ssd, **options)
-        self._prof: Profiler | None = Profiler(model, optimizer, name=self.name)
+        self._pager: Pager | None = None
+        self._totals_pager: dict | None = None
+        self._pager_off = self._why_no_pager()
+        self._prof: Profiler | None = None
         self._cm = None
+        self._profile_next()
+
+    def _why_no_pager(self) -> str | None:
+        """Why the profiled steps cannot keep the capacity with the pager
+        (None: they can)."""
+        devices = {t.device.type for t, _, _ in global_tensors(self.model, self.optimizer)}
+        if devices - {"cpu"}:
+            return f"tensors on {', '.join(sorted(devices - {'cpu'}))}: the pager moves CPU memory only"
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return "a distributed job: collectives read buffers on their own threads"
+        return None
 
     def _profile_next(self) -> None:
-        self._prof = Profiler(self.model, self.optimizer, name=self.name)
+        """The next step is profiled: within the capacity, under a pager,
+        where it can be; with everything resident (said once) where not.
+        A re-profile after plans were made holds everything (the runtime
+        brought its tensors back when it closed)."""
+        pager = None
+        if self._pager_off is None and not self._plans:
+            if isinstance(self.capacity, float):
+                cap_bytes, share = 0, self.capacity
+            else:
+                cap_bytes, share = self.capacity, 0.0
+            pager = self._pager = Pager(self._engine_for_profiling(), cap_bytes, share, self.model, self.optimizer)
+        elif self._pager_off is not None and not self._plans:
+            log.info("teraio: the profiled steps hold all their memory (%s)", self._pager_off)
+        self._prof = Profiler(self.model, self.optimizer, name=self.name, pager=pager)
 
-    def _profile_begin(self) -> None:
-        cm = self._prof.iteration()
+    def _engine_busy(self) -> bool:
+        return self._pager is not None
+
+    def _open(self, cm) -> None:
+        """Enter the step's iteration context (the profiler's or the runtime's)."""
         cm.__enter__()
         self._cm = cm
 
-    def _profile_end(self, exc):
+    def _close(self, exc) -> None:
         cm, self._cm = self._cm, None
         cm.__exit__(*exc)
+
+    def _profile_begin(self) -> None:
+        self._open(self._prof.iteration())
+
+    def _profile_end(self, exc):
+        self._close(exc)
         return None if exc[0] is not None else (self._prof.fingerprint, self._prof)
 
     def _plan_profile(self, key, prof: Profiler, capacity_of) -> PlanEntry:
@@ -66,15 +115,33 @@ class EagerSession(Session):
         return PlanEntry(key, trace, lt, plan, cap)
 
     def _make_runtime(self, entry: PlanEntry) -> OffloadRuntime:
-        return OffloadRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
-                              staging=self.staging, safe=self.safe)
+        """The plan's runtime; the pager of the profiled steps hands it the
+        global tensors (evicted ones with their stored copies) and goes."""
+        pager, self._pager = self._pager, None
+        if pager is not None:
+            pager.begin_step()  # its guard off the mode stack before the runtime's goes on
+        try:
+            return OffloadRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
+                                  staging=self.staging, safe=self.safe, pager=pager)
+        finally:
+            if pager is not None:
+                self._totals_pager = pager.stats()
+                pager.close()
+
+    def _profile_report(self) -> dict:
+        stats = self._pager.stats() if self._pager is not None else self._totals_pager
+        return {"profiling": stats}
+
+    def _close_driver(self) -> None:
+        if self._pager is not None:
+            self._totals_pager = self._pager.stats()
+            self._pager.close()
+            self._pager = None
+
 
     def _run_begin(self) -> None:
-        cm = self._rt.iteration()
-        cm.__enter__()
-        self._cm = cm
+        self._open(self._rt.iteration())
 
     def _run_end(self, exc):
-        cm, self._cm = self._cm, None
-        cm.__exit__(*exc)
+        self._close(exc)
         return self._rt.fingerprint, not self._rt.diverged

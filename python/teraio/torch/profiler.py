@@ -68,6 +68,11 @@ class _Recorder(TorchDispatchMode):
         p = self.prof
         acc: dict[int, int] = {}
         forward = torch.is_grad_enabled()
+        pager = p.pager
+        if pager is not None:
+            pager.kernel_begin(p._expected_out_bytes(name))
+            for t in iter_tensors((args, kwargs)):
+                pager.use(t.untyped_storage())
         for t in iter_tensors((args, kwargs)):
             i = p._id_of(t.untyped_storage())
             if i is not None:
@@ -84,6 +89,8 @@ class _Recorder(TorchDispatchMode):
             i = p._id_of(st)
             if i is not None:
                 acc[i] = acc.get(i, 0) | WRITE
+            if pager is not None:
+                pager.track(st)
         p._kernels.append((name, dur, list(acc.items())))
         p._signature.append((name, tuple(sizes)))
         if forward:
@@ -106,11 +113,18 @@ class Profiler:
     """Records iterations of a training loop; keeps the last one as the trace."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 name: str | None = None, kernel_time=None):
+                 name: str | None = None, kernel_time=None, pager=None):
         """`kernel_time(func, args, kwargs, out) -> ns`, if given, replaces the
         measured wall time of each kernel (e.g. a roofline model of a GPU when
-        the model runs on the ``meta`` device, where nothing is computed)."""
+        the model runs on the ``meta`` device, where nothing is computed).
+        `pager` (a teraio.torch.pager.Pager), if given, keeps the capacity
+        while the iterations are profiled: before each kernel it makes room
+        for the kernel's outputs (their size at the same kernel of the last
+        profiled iteration) and brings back what the kernel reads, and it
+        tracks what the kernel makes; kernel times leave its moves out."""
         self.kernel_time = kernel_time
+        self.pager = pager
+        self._last_signature: list = []
         self.model = model
         self.optimizer = optimizer
         self.name = name or type(model).__name__
@@ -123,6 +137,14 @@ class Profiler:
         self._freed: dict[int, int] = {}
         self._signature: list = []
         self.fingerprint: int | None = None
+
+    def _expected_out_bytes(self, name: str) -> int:
+        """The bytes kernel k made in the last profiled iteration, where that
+        iteration's kernel k had the same name (0 otherwise)."""
+        k, last = len(self._kernels), self._last_signature
+        if k < len(last) and last[k][0] == name:
+            return sum(b for b, _ in last[k][1])
+        return 0
 
     def _id_of(self, st) -> int | None:
         if st.nbytes() == 0:
@@ -145,12 +167,18 @@ class Profiler:
         self._kernels, self._tensors, self._signature = [], [], []
         self._saved, self._forward_seen = set(), set()
         self._freed = {}
+        pager = self.pager
+        if pager is not None:
+            pager.begin_step()
         for t, kind, name in global_tensors(self.model, self.optimizer):
             st = t.untyped_storage()
-            if st.nbytes() == 0 or self._ids.lookup(st) is not None:
+            if pager is not None:
+                pager.track(st, is_global=True)
+            nbytes = pager.nbytes(st) if pager is not None else st.nbytes()
+            if nbytes == 0 or self._ids.lookup(st) is not None:
                 continue
             self._ids.assign(st)
-            self._tensors.append([st.nbytes(), kind, True, name])
+            self._tensors.append([nbytes, kind, True, name])
         self._ids.n_global = self._ids.next_id
         try:
             with _Recorder(self):
@@ -159,11 +187,15 @@ class Profiler:
             (self._ids, self._kernels, self._tensors, self._saved, self._forward_seen,
              self._signature) = last
             raise
+        finally:
+            if pager is not None:
+                pager.end_step([t.untyped_storage() for t, _, _ in global_tensors(self.model, self.optimizer)])
         for i in self._saved:
             if not self._tensors[i][2]:
                 self._tensors[i][1] = "activation"
         self._record_frees()
         self._drop_untouched()
+        self._last_signature = self._signature
         self.fingerprint = sequence_fingerprint(self._signature)
         self.iterations += 1
 

@@ -194,7 +194,7 @@ class OffloadRuntime:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, trace: Trace, plan: Plan, engine: Engine | None,
-                 staging: bool | None = None, safe: bool = True):
+                 staging: bool | None = None, safe: bool = True, pager=None):
         """``staging``: move bytes through host staging buffers (pinned when
         CUDA is available) instead of letting the engine address the
         tensors' memory.  Default: for CUDA tensors, off when the engine can
@@ -202,7 +202,10 @@ class OffloadRuntime:
         else on; on for other devices that are not the CPU.  ``safe``: fetch
         offloaded tensors that operators and ``state_dict()`` use between
         iterations (see the module text); off, touching them there is the
-        caller's business (``fetch_all()`` first)."""
+        caller's business (``fetch_all()`` first).  ``pager``: the
+        teraio.torch.pager.Pager of the profiled steps, which hands over the
+        global tensors it tracks (an evicted one with its stored copy, so it
+        stays away until the plan wants it)."""
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
         self.safe = safe
@@ -251,7 +254,7 @@ class OffloadRuntime:
                     self._bind(self._ids.assign(st), st)
         else:
             self._ids.next_id = max(self._by_name.values(), default=-1) + 1
-            self._bind_globals()
+            self._bind_globals(pager)
         self._ids.n_global = self._ids.next_id
         self._mode = _Mode(self)
         self._guard = _Guard(self)
@@ -263,6 +266,7 @@ class OffloadRuntime:
             self._hooks += [optimizer.register_state_dict_pre_hook(lambda *a: self._before_state_dict()),
                             optimizer.register_load_state_dict_post_hook(lambda *a: self._after_load())]
         self._hooks.append(model.register_load_state_dict_post_hook(lambda *a: self._after_load()))
+        self._guard_on()  # tensors the pager handed over stored are away already
 
     # -- callbacks from the C runtime (run on this thread) --------------------
     def _storage(self, tensor: int):
@@ -343,7 +347,7 @@ class OffloadRuntime:
             return True
         return False
 
-    def _bind_globals(self) -> None:
+    def _bind_globals(self, pager=None) -> None:
         """Bind every global tensor the trace names whose storage is not the
         one bound (new, or replaced since).  A replaced storage that is
         still alive somewhere gets its bytes back first.  A global tensor
@@ -353,6 +357,11 @@ class OffloadRuntime:
         for t, _kind, name in global_tensors(self.model, self.optimizer):
             i = self._by_name.get(name)
             st = t.untyped_storage()
+            if pager is not None and i is not None:
+                got = pager.detach(st)
+                if got is not None and not got[0]:
+                    self._bind_stored(i, st, got[1])
+                    continue
             if i is None or not st.nbytes():
                 continue
             if not st.resizable():
@@ -368,6 +377,17 @@ class OffloadRuntime:
                 L.check(L.tio_runtime_ensure_resident(self._p, i, None))
             self._ids.assign(st, i)
             self._bind(i, st)
+
+    def _bind_stored(self, i: int, st, extent) -> None:
+        """Bind id `i` to storage `st`, whose memory the pager released and
+        whose bytes are in `extent` of the engine (the runtime owns it now)."""
+        rc = L.tio_runtime_tensor_bind_stored(self._p, i, self.trace.tensor_bytes(i), ctypes.byref(extent))
+        if rc < 0:
+            L.tio_engine_free(self.engine._p, ctypes.byref(extent))
+            L.check(rc)
+        self._ids.assign(st, i)
+        self._bound[i] = (st._cdata, weakref.ref(st))
+        self._released.add(i)
 
     def _use(self, st) -> None:
         """An operator of the iteration reads storage `st`."""

@@ -50,6 +50,7 @@ import torch
 from .. import _lib as L
 from .._args import U64, env_rank, integer
 from ..core import Engine, Lifetime, Plan
+from ._ids import global_tensors
 
 log = logging.getLogger("teraio")
 
@@ -60,7 +61,7 @@ _SUMS = ("bytes_offloaded", "bytes_offloaded_ssd", "bytes_offloaded_host", "byte
          "bytes_fetched_urgent", "n_offloads", "n_prefetches", "stalls", "stall_ns", "wait_ns",
          "offloads_refused", "iterations", "fetches_outside", "bytes_fetched_outside",
          "over_capacity_kernels", "frees_waited")
-_MAXES = ("peak_resident_bytes", "over_capacity_bytes_max")
+_MAXES = ("peak_resident_bytes", "over_capacity_bytes_max", "peak_process_rss_bytes")
 
 
 def ssd_dirs(ssd) -> list[str]:
@@ -82,6 +83,9 @@ def ssd_dirs(ssd) -> list[str]:
         ssd = list(ssd[local_rank])
     if not ssd or any(isinstance(d, (list, tuple)) for d in ssd):
         raise ValueError("ssd must be one or more directories, or one list of them per local rank")
+    bad = next((d for d in ssd if not isinstance(d, (str, bytes, os.PathLike))), None)
+    if bad is not None:
+        raise TypeError(f"ssd must hold directories (str or path), got {type(bad).__name__} {bad!r}")
     return [os.fsdecode(d).replace("{local_rank}", str(local_rank)).replace("{rank}", str(rank))
             for d in ssd]
 
@@ -139,31 +143,46 @@ class Session:
                  host_cap_bytes: int = 0, bandwidth_share: float = 0.7, space_bytes: int | None = None,
                  safe: bool = True, staging: bool | None = None, name: str | None = None,
                  ssd_gbps: tuple[float, float] | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"teraio.torch.offload: model must be a torch.nn.Module, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"teraio.torch.offload: optimizer must be a torch.optim.Optimizer or None, "
+                            f"got {type(optimizer).__name__}")
         check_capacity(capacity)
         dirs = ssd_dirs(ssd)
         for what, v in (("profile_iterations", profile_iterations), ("reprofile_after", reprofile_after),
                         ("max_plans", max_plans)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{what} must be an integer >= 1, got {v!r}")
-        for what, v in (("host_cap_bytes", host_cap_bytes), ("space_bytes", space_bytes)):
+        for what, v, lo, hi, says in (("host_cap_bytes", host_cap_bytes, 0, U64, "[0, 2^64)"),
+                                      ("space_bytes", space_bytes, 1 << 20, 1 << 62, "[1 MiB, 2^62]")):
             if v is not None:
                 try:
-                    integer(what, v, 0, U64)
+                    integer(what, v, lo, hi)
                 except ValueError as e:
-                    raise ValueError(f"teraio.torch.offload: {what} must be bytes, an integer in [0, 2^64), "
+                    raise ValueError(f"teraio.torch.offload: {what} must be bytes, an integer in {says}, "
                                      f"got {v!r}") from e
+        for what, v in (("safe", safe), ("staging", staging)):
+            if v is not None and not isinstance(v, bool):
+                raise TypeError(f"teraio.torch.offload: {what} must be True or False, got {v!r}")
+        if name is not None and (not isinstance(name, str) or not name.isprintable()):
+            raise ValueError(f"teraio.torch.offload: name must be a printable str, got {name!r}")
         if isinstance(bandwidth_share, bool) or not isinstance(bandwidth_share, (int, float)) \
                 or not 0 < bandwidth_share <= 1:
             raise ValueError(f"bandwidth_share must be a number in (0, 1], got {bandwidth_share!r}")
         if ssd_gbps is not None:
-            if len(ssd_gbps) != 2 or not all(isinstance(x, (int, float)) and x > 0 for x in ssd_gbps):
-                raise ValueError(f"ssd_gbps must be (read, write) GB/s, two numbers > 0, got {ssd_gbps!r}")
+            if (not isinstance(ssd_gbps, (tuple, list)) or len(ssd_gbps) != 2
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
+                               for x in ssd_gbps)):
+                raise ValueError(f"ssd_gbps must be (read, write) GB/s, two finite numbers > 0, got {ssd_gbps!r}")
         for d in dirs:
             if not os.path.isdir(d):
                 raise ValueError(f"teraio.torch.offload: ssd directory '{d}' does not exist or is not a "
                                  f"directory")
         self.model, self.optimizer = model, optimizer
         self.capacity, self.ssd = capacity, dirs
+        if any(t.device.type == "cpu" for t, _, _ in global_tensors(model, optimizer)):
+            return_freed_memory()
         self.profile_iterations, self.reprofile_after, self.max_plans = profile_iterations, reprofile_after, max_plans
         self.host_cap_bytes, self.bandwidth_share = host_cap_bytes or 0, bandwidth_share
         self.space_bytes, self.safe, self.staging = space_bytes, safe, staging
@@ -220,8 +239,11 @@ class Session:
         return self._gbps
 
     def fetch_all(self) -> None:
-        """Bring every offloaded tensor back now."""
+        """Bring every offloaded tensor back now (between steps: inside one
+        it would hold what the plan keeps away, and is refused)."""
         self._check()
+        if self._step_kind is not None:
+            raise RuntimeError("teraio.torch.offload: fetch_all() inside a step; call it between steps")
         if self._rt is not None:
             self._rt.fetch_all()
 
@@ -249,7 +271,13 @@ class Session:
             out["backend"] = self._engine.backend
         out["capacity_bytes"] = self._entry.capacity_bytes if self._entry else (
             out["plans"][-1]["capacity_bytes"] if out["plans"] else None)
+        out.update(self._profile_report())
+        out["process_peak_rss_bytes"] = _peak_rss_bytes()
         return out
+
+    def _profile_report(self) -> dict:
+        """What the driver says of its profiled steps (the pager's counters)."""
+        return {"profiling": None}
 
     def close(self) -> None:
         """Bring everything back and release the engine and its files."""
@@ -259,10 +287,14 @@ class Session:
         if self._step_kind is not None:
             raise RuntimeError("teraio.torch.offload: close() inside a step; leave the step first")
         self._close_runtime()
+        self._close_driver()
         if self._engine is not None:
             self._engine.close()
             self._engine = None
         self._closed = True
+
+    def _close_driver(self) -> None:
+        """What the driver holds besides the runtime (its pager)."""
 
     def __enter__(self):
         return self
@@ -337,13 +369,38 @@ class Session:
             return max(1, int(lt.peak_bytes * self.capacity))
         return self.capacity
 
+    def _engine_busy(self) -> bool:
+        """Does something other than a runtime keep bytes in the engine (the
+        pager of the profiled steps)?  Then it is not made again."""
+        return False
+
+    def _engine_for_profiling(self) -> Engine:
+        """The engine the profiled steps evict to, before any trace says how
+        much space a plan needs: ``space_bytes``, else 32 times the bytes of
+        the model's and optimizer's tensors now, at least 256 MiB, at most a
+        quarter of the free space of the SSD directories.  A job whose
+        activations are more than that (a long sequence) gives space_bytes:
+        the pager keeps what it cannot evict resident and says so."""
+        if self._engine is None:
+            import shutil
+            now = sum(t.untyped_storage().nbytes() for t, _, _ in global_tensors(self.model, self.optimizer))
+            free = min(shutil.disk_usage(d).free for d in self.ssd) * len(self.ssd)
+            need = self.space_bytes or max(256 << 20, min(32 * now, free // 4))
+            self._engine, self._engine_space = Engine(self.ssd, need), need
+        return self._engine
+
     def _engine_for(self, lt: Lifetime, trace) -> Engine:
         """The engine, made (or made again, larger, once no runtime uses it)
         so that it can hold every tensor of this trace.  A larger engine is
         made before the old one is closed: if it cannot be made, the old one
-        stays and the error is raised."""
+        stays and the error is raised.  An engine that holds the profiled
+        steps' evicted tensors stays (the runtime refuses a plan that needs
+        more SSD space than it has)."""
         need = self.space_bytes or 2 * lt.peak_bytes + 4096 * trace.n_tensors + (64 << 20)
-        if self._engine is None or self._engine_space < need:
+        if self._engine is not None and self._engine_space < need and self._engine_busy():
+            log.info("teraio: the engine of the profiled steps has %d bytes of SSD space, the plan may want "
+                     "%d (space_bytes sets it)", self._engine_space, need)
+        elif self._engine is None or self._engine_space < need:
             engine = Engine(self.ssd, need)
             self._close_runtime()
             if self._engine is not None:
@@ -475,6 +532,48 @@ class Session:
                 return
             self._counts["plain"] += 1
             self._after(key)
+
+
+_malloc_tuned = False
+
+
+def return_freed_memory() -> bool:
+    """Make the memory of released CPU tensors go back to the OS (glibc):
+    allocations of 64 KiB and more are mmap'ed, so freeing one unmaps it at
+    once, and the heap is trimmed above 128 KiB.  glibc's default raises its
+    mmap threshold to the largest block freed (up to 32 MiB), after which
+    tensors come from the heap and a freed one stays in the process: the
+    resident bytes teraio keeps within the capacity would then not be the
+    memory the OS (a cgroup limit, the OOM killer) counts.  Process-wide and
+    done once; False where the C library is not glibc."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return True
+    import ctypes
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        ok = libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024) == 1
+    except (OSError, AttributeError):
+        ok = False
+    _malloc_tuned = ok
+    if ok:
+        log.info("teraio: CPU allocations of 64 KiB and more are mmap'ed, so released tensors' memory goes "
+                 "back to the OS")
+    return ok
+
+
+def _peak_rss_bytes() -> int:
+    """The process's peak resident set (VmHWM) as the OS counts it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Unplannable(Exception):

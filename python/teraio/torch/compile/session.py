@@ -348,6 +348,10 @@ class CompiledSession(Session):
         super()._close_runtime()
 
     def _plan_profile(self, key, prof: Profile, capacity_of) -> StepPlan:
+        if not prof.sequence:
+            raise Unplannable("no compiled region ran in the profiled step (Module.compile() compiles nothing "
+                              "for some built-in modules, such as nn.Linear alone: compile a module of "
+                              "your own, or call torch.compile with session.backend)")
         bad = next((x.info for x in prof.instances if x.info.unplannable), None)
         if bad is not None:
             raise Unplannable(f"graph {bad.key} ({bad.kind}): {bad.unplannable}")

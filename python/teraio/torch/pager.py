@@ -1,0 +1,243 @@
+"""teraio.torch.pager: PyTorch storages under libteraio's pager (pager.h).
+
+The profiled steps of a session must keep the capacity too: offloading is
+for the job that does not fit.  The profiler (teraio.torch.profiler) tells
+the pager, operator by operator, which storages the operator reads and
+which it makes; the pager (C) keeps the resident bytes within the capacity
+by evicting the least recently used storages the operator does not use, and
+brings one back when an operator uses it.  Memory moves only through two
+callbacks, as in the runtime: ``storage.resize_(0)`` after the bytes are on
+SSD, ``storage.resize_(nbytes)`` before they are read back, so every view,
+parameter, gradient, optimizer state and saved activation keeps pointing at
+the same storage.
+
+Between steps an evicted storage is fetched before an operator reads it (a
+dispatch mode, as the runtime's guard), and ``state_dict()`` of the model
+and the optimizer fetch everything first.  At the end of a profiled step
+every intermediate storage still alive (the loss, the input batch, what the
+program keeps) is brought back and forgotten: the program owns it.  When the
+first plan is made, the global tensors are handed over to the plan's runtime
+(:meth:`Pager.detach`): an evicted one keeps its stored copy, so the
+hand-over needs no memory.
+
+A pager is driven from the thread that created it.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode, _push_mode
+
+from .. import _lib as L
+from ..core import Engine
+from ._ids import iter_tensors
+
+
+class _Guard(TorchDispatchMode):
+    """Between steps: an operator that reads an evicted storage gets it back
+    first."""
+
+    def __init__(self, pager: "Pager"):
+        super().__init__()
+        self.pager = pager
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        p = self.pager
+        if p._p and not p.in_step:
+            for t in iter_tensors((args, kwargs)):
+                p.fetch(t.untyped_storage())
+        return func(*args, **kwargs)
+
+
+class Pager:
+    """Storages tracked by one C pager over `engine`, for `capacity_bytes`
+    or a share of the largest tracked bytes seen (pager.h)."""
+
+    def __init__(self, engine: Engine, capacity_bytes: int = 0, capacity_share: float = 0.0, model=None,
+                 optimizer=None):
+        self.engine = engine
+        self.in_step = False
+        self._slot: dict[int, int] = {}                  # storage key -> slot
+        self._storage: dict[int, weakref.ref] = {}       # slot -> storage
+        self._bytes: dict[int, int] = {}                 # slot -> bytes when tracked
+        self._global: set[int] = set()                   # slots of global tensors
+        self._dead: list[int] = []                       # slots whose storage died
+        self._alloc_cb = L.ALLOCATE_FN(self._allocate)
+        self._release_cb = L.RELEASE_FN(self._release)
+        self._cbs = L.PagerCallbacks(None, self._alloc_cb, self._release_cb)
+        self._p = ctypes.c_void_p()
+        L.check(L.tio_pager_create(engine._p, capacity_bytes, capacity_share, ctypes.byref(self._cbs),
+                                   ctypes.byref(self._p)))
+        self._guard = _Guard(self)
+        self._guard_pushed = False
+        self._hooks = []
+        for obj in (model, optimizer):
+            if obj is not None:
+                self._hooks.append(obj.register_state_dict_pre_hook(lambda *a: self.fetch_all()))
+
+    # -- callbacks ------------------------------------------------------------
+    def _allocate(self, ctx, slot, nbytes, addr):
+        ref = self._storage.get(slot)
+        st = ref() if ref else None
+        if st is None:
+            return -2  # -ENOENT
+        try:
+            st.resize_(nbytes)
+        except RuntimeError:
+            return -12  # -ENOMEM
+        addr[0] = st.data_ptr()
+        return 0
+
+    def _release(self, ctx, slot):
+        ref = self._storage.get(slot)
+        st = ref() if ref else None
+        if st is not None:
+            try:
+                st.resize_(0)
+            except RuntimeError:
+                return -1
+        return 0
+
+    # -- tracking ---------------------------------------------------------------
+    def _died(self, key: int, slot: int) -> None:
+        if self._slot.get(key) == slot:
+            del self._slot[key]
+            self._dead.append(slot)
+
+    def drain(self) -> None:
+        """Forget the storages that died since the last call (finalizers run
+        anywhere; the pager is told on its own thread)."""
+        while self._dead:
+            slot = self._dead.pop()
+            self._storage.pop(slot, None)
+            self._bytes.pop(slot, None)
+            self._global.discard(slot)
+            L.check(L.tio_pager_forget(self._p, slot))
+
+    def track(self, st, is_global: bool = False) -> int | None:
+        """Track storage `st` (resident) unless it is; its slot."""
+        key = st._cdata
+        slot = self._slot.get(key)
+        if slot is not None:
+            return slot
+        nbytes = st.nbytes()
+        if not nbytes:
+            return None
+        s = ctypes.c_uint32()
+        rc = L.tio_pager_track(self._p, st.data_ptr(), nbytes, st.resizable(), ctypes.byref(s))
+        slot = s.value
+        self._slot[key] = slot
+        self._storage[slot] = weakref.ref(st)
+        self._bytes[slot] = nbytes
+        if is_global:
+            self._global.add(slot)
+        weakref.finalize(st, self._died, key, slot)
+        L.check(rc)
+        return slot
+
+    def nbytes(self, st) -> int:
+        """`st`'s bytes, evicted or not."""
+        slot = self._slot.get(st._cdata)
+        return self._bytes[slot] if slot is not None else st.nbytes()
+
+    def use(self, st) -> None:
+        """The operator about to run reads storage `st`."""
+        slot = self._slot.get(st._cdata)
+        if slot is None:
+            self.track(st)
+        else:
+            L.check(L.tio_pager_use(self._p, slot, None))
+
+    def fetch(self, st) -> None:
+        """Bring `st` back if it is evicted (outside a step: no capacity)."""
+        slot = self._slot.get(st._cdata)
+        if slot is not None and not L.tio_pager_is_resident(self._p, slot):
+            L.check(L.tio_pager_use(self._p, slot, None))
+
+    def kernel_begin(self, reserve_bytes: int = 0) -> None:
+        self.drain()
+        L.check(L.tio_pager_kernel_begin(self._p))
+        if reserve_bytes:
+            L.check(L.tio_pager_reserve(self._p, reserve_bytes))
+
+    def set_capacity(self, capacity_bytes: int, capacity_share: float = 0.0) -> None:
+        L.check(L.tio_pager_set_capacity(self._p, capacity_bytes, capacity_share))
+
+    def end_step(self, global_storages=()) -> None:
+        """The step is over: `global_storages` (parameters, gradients,
+        optimizer state, some of them made in this step) stay where they are,
+        and the guard fetches them for operators between steps; every other
+        storage still alive comes back and is forgotten (the program owns it)."""
+        self.drain()
+        for st in global_storages:
+            slot = self._slot.get(st._cdata)
+            if slot is not None:
+                self._global.add(slot)
+        for key, slot in list(self._slot.items()):
+            if slot in self._global:
+                continue
+            if not L.tio_pager_is_resident(self._p, slot):
+                L.check(L.tio_pager_use(self._p, slot, None))
+            del self._slot[key]
+            self._storage.pop(slot, None)
+            self._bytes.pop(slot, None)
+            L.check(L.tio_pager_forget(self._p, slot))
+        self.in_step = False
+        self._guard_on()
+
+    def begin_step(self) -> None:
+        self._guard_off()
+        self.in_step = True
+
+    def _guard_on(self) -> None:
+        if self._guard_pushed or all(L.tio_pager_is_resident(self._p, s) for s in self._storage):
+            return
+        _push_mode(self._guard)
+        self._guard_pushed = True
+
+    def _guard_off(self) -> None:
+        if self._guard_pushed and _get_current_dispatch_mode() is self._guard:
+            _pop_mode()
+            self._guard_pushed = False
+
+    def fetch_all(self) -> None:
+        if self._p:
+            L.check(L.tio_pager_fetch_all(self._p))
+
+    def detach(self, st):
+        """Hand storage `st` over: None if the pager does not track it, else
+        (resident, extent) with extent the engine space holding its bytes
+        when it is evicted (the caller owns it)."""
+        slot = self._slot.pop(st._cdata, None)
+        if slot is None:
+            return None
+        resident, ext = ctypes.c_bool(), L.Extent()
+        L.check(L.tio_pager_detach(self._p, slot, ctypes.byref(resident), ctypes.byref(ext)))
+        self._storage.pop(slot, None)
+        self._bytes.pop(slot, None)
+        self._global.discard(slot)
+        return bool(resident.value), ext
+
+    def stats(self) -> dict:
+        s = L.PagerStats()
+        L.tio_pager_get_stats(self._p, ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in L.PagerStats._fields_}
+
+    def close(self) -> None:
+        """Bring every evicted storage back and free the pager."""
+        if self._p:
+            self._guard_off()
+            self.drain()
+            self.fetch_all()
+            for h in self._hooks:
+                h.remove()
+            L.tio_pager_destroy(self._p)
+            self._p = None
+
+    def __del__(self):
+        if getattr(self, "_p", None):
+            L.tio_pager_destroy(self._p)
+            self._p = None

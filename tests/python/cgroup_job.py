@@ -1,0 +1,75 @@
+"""A Hugging Face GPT-2 (transformers' code, a small config, no download)
+trained for a few steps with AdamW, plainly or under teraio.torch.offload;
+run by test_cgroup.py inside a memory cgroup.  Writes its losses, a hash of
+its final parameters and what it measured as JSON to argv[1].
+
+    cgroup_job.py OUT.json plain|teraio [--capacity 0.25] [--ssd DIR]
+"""
+import argparse
+import hashlib
+import json
+import os
+
+import torch
+
+
+def status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("mode", choices=["plain", "teraio"])
+    ap.add_argument("--capacity", type=float, default=0.25)
+    ap.add_argument("--ssd")
+    ap.add_argument("--steps", type=int, default=8)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=6, n_embd=256, n_head=4, vocab_size=2048, n_positions=256)
+    batch, seq = 8, 256
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, cfg.vocab_size, (batch, seq), generator=g) for _ in range(a.steps)]
+    off = None
+    if a.mode == "teraio":
+        import teraio.torch
+        # the activations evicted while profiling are more than the default SSD space (32 times
+        # the model's tensors): space_bytes gives room for the job's peak
+        off = teraio.torch.offload(model, opt, capacity=a.capacity, ssd=a.ssd, space_bytes=2 << 30)
+    rss_before = status_kb("VmRSS") * 1024
+    losses = []
+    for b in batches:
+        with off.step() if off is not None else torch.enable_grad():
+            loss = model(input_ids=b, labels=b).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+    out = {"losses": losses, "rss_before_bytes": rss_before, "peak_rss_bytes": status_kb("VmHWM") * 1024}
+    if off is not None:
+        off.fetch_all()
+        rep = off.report()
+        out["report"] = {k: v for k, v in rep.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        out["report"]["profiling"] = rep["profiling"]
+        out["report"]["plans"] = rep["plans"]
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    out["params_sha256"] = h.hexdigest()
+    if off is not None:
+        off.close()
+    with open(a.out, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
