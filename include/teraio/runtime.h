@@ -134,8 +134,9 @@ typedef struct tio_runtime tio_runtime;
  * its last use in the trace).
  * Returns 0; TIO_EPARSE (the trace fails tio_trace_validate); TIO_EUNKNOWN
  * (plan names a tensor the trace lacks); -EINVAL;
- * -ENOSPC (the engine's free space is smaller: the message says how much is
- * needed); -ENOMEM. */
+ * -ENOSPC (the engine's whole space is smaller: the message says how much
+ * is needed; free space is checked at the first iteration_begin, when the
+ * stored copies handed over count); -ENOMEM. */
 TIO_API int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine *engine,
                                const tio_runtime_callbacks *cb, tio_runtime **out);
 
@@ -177,8 +178,12 @@ TIO_API int tio_runtime_tensor_bind_stored(tio_runtime *rt, uint32_t tensor, uin
  * later call does the same for tensors used between iterations (fetched on
  * demand there), and starts reading back a tensor the plan has resident at
  * kernel 0 that a diverged iteration left offloaded.
- * Returns 0, -EPERM (another thread), or a negative error of those
- * migrations (message names the tensor). */
+ * The first call also checks that the plan's SSD peak fits the engine's
+ * free space plus the stored copies bound with tio_runtime_tensor_bind_stored
+ * (create refuses only a plan larger than the whole engine).
+ * Returns 0, -EPERM (another thread), -ENOSPC (the plan does not fit the
+ * engine's free space; message names the space_bytes that would), or a
+ * negative error of those migrations (message names the tensor). */
 TIO_API int tio_runtime_iteration_begin(tio_runtime *rt);
 
 /* End of the iteration begun by the last iteration_begin: an iteration that

@@ -647,6 +647,15 @@ int tio_runtime_iteration_begin(tio_runtime *rt)
     int rc = check_thread(rt, "tio_runtime_iteration_begin");
     if (rc < 0)
         return rc;
+    if (rt->ssd_need_bytes && !rt->space_checked) {
+        uint64_t own = 0;
+        for (uint32_t id = 0; id < rt->trace->n_tensors; id++)
+            if (rt->tensors[id].bound && rt->tensors[id].has_extent)
+                own += rt->tensors[id].extent.bytes;
+        if ((rc = rt_check_ssd_space(rt->engine, rt->ssd_need_bytes, own, false)) < 0)
+            return rc;
+        rt->space_checked = true;
+    }
     rt->window_open = false;
     rt->in_iteration = true;
     rt->iter_diverged = false;

@@ -156,6 +156,20 @@ static void tensor_ends(const tio_trace *trace, uint32_t *end)
  * good, an intermediate one until it dies (its free kernel, or its last use
  * in the trace).  Returns 0 with the peak over the kernels in *out, or
  * -ENOMEM. */
+int rt_check_ssd_space(tio_engine *engine, uint64_t need, uint64_t own, bool whole_only)
+{
+    tio_engine_space sp;
+    tio_engine_space_stats(engine, &sp);
+    uint64_t have = whole_only ? sp.space_bytes : sp.free_bytes + own;
+    if (need <= have)
+        return 0;
+    return tio_fail(-ENOSPC, "runtime: the plan keeps up to %llu bytes on SSD at once, "
+                    "the engine has %llu of its %llu bytes free (create it with "
+                    "space_bytes >= %llu)", (unsigned long long)need,
+                    (unsigned long long)(sp.free_bytes + own), (unsigned long long)sp.space_bytes,
+                    (unsigned long long)(need + sp.space_bytes - sp.free_bytes - own));
+}
+
 static int plan_ssd_peak_bytes(const tio_plan *plan, const tio_trace *trace, uint64_t *out)
 {
     uint32_t nt = trace->n_tensors, nk = trace->n_kernels;
@@ -301,17 +315,12 @@ int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine 
     uint64_t ssd_bytes = 0;
     if (engine && (rc = plan_ssd_peak_bytes(plan, trace, &ssd_bytes)) < 0)
         return rc;
-    if (ssd_bytes) {
-        tio_engine_space sp;
-        tio_engine_space_stats(engine, &sp);
-        if (ssd_bytes > sp.free_bytes)
-            return tio_fail(-ENOSPC, "runtime: the plan keeps up to %llu bytes on SSD at once, "
-                            "the engine has %llu of its %llu bytes free (create it with "
-                            "space_bytes >= %llu)", (unsigned long long)ssd_bytes,
-                            (unsigned long long)sp.free_bytes,
-                            (unsigned long long)sp.space_bytes,
-                            (unsigned long long)(ssd_bytes + sp.space_bytes - sp.free_bytes));
-    }
+    /* A plan larger than the whole engine is refused here; one that only
+     * finds too little free space is refused at the first iteration_begin,
+     * once the stored copies handed over (tio_runtime_tensor_bind_stored),
+     * which the runtime reuses, are counted as its own. */
+    if (ssd_bytes && (rc = rt_check_ssd_space(engine, ssd_bytes, 0, true)) < 0)
+        return rc;
     tio_runtime *rt = calloc(1, sizeof *rt);
     if (!rt)
         return tio_fail(-ENOMEM, "runtime: out of memory");
@@ -327,6 +336,7 @@ int tio_runtime_create(const tio_plan *plan, const tio_trace *trace, tio_engine 
     for (uint32_t id = 0; id < trace->n_tensors; id++)
         rt->tensors[id].bytes = trace->tensors[id].bytes;
     rt->owner = pthread_self();
+    rt->ssd_need_bytes = ssd_bytes;
     rt->stats.capacity_bytes = plan->capacity_bytes;
     rc = build_buckets(rt);
     if (rc == 0)

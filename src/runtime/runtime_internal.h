@@ -89,6 +89,8 @@ struct tio_runtime {
     uint64_t program_bytes;        /* tio_runtime_account_program's value, for the next kernel */
     bool program_pending;          /* ... not yet applied */
     bool program_active;           /* ... applied, until iteration_end */
+    uint64_t ssd_need_bytes;       /* the plan's SSD peak, checked at the first iteration_begin */
+    bool space_checked;            /* ... and found to fit */
     uint32_t *end_start;           /* [n_kernels + 1] offsets into end_ids, by end kernel */
     uint32_t *end_ids;             /* intermediate tensors grouped by their end in the trace */
     uint32_t *held;                /* [n_tensors] bound tensors past their end (`listed`) */
@@ -145,5 +147,11 @@ int rt_submit_failed(int rc, uint32_t id, const char *what);
 /* Start bringing offloaded tensor `id` back: allocate, then copy from the
  * host tier (done at once) or submit the SSD read as `kind`. */
 int rt_start_fetch(tio_runtime *rt, uint32_t id, io_kind kind, bool urgent);
+
+/* runtime_build.c: does `need` bytes of SSD fit the engine?  whole_only:
+ * against its whole space (at create); else against its free space plus
+ * `own`, the stored copies the runtime holds already.  0, or -ENOSPC with
+ * a message naming the space_bytes that would fit. */
+int rt_check_ssd_space(tio_engine *engine, uint64_t need, uint64_t own, bool whole_only);
 
 #endif

@@ -26,6 +26,7 @@ import pytest
 
 JOB = pathlib.Path(__file__).with_name("cgroup_job.py")
 LIMIT_SHARE = 0.6
+OVERHEAD_BYTES = 32 << 20  # docs/runtime.md, "The profiled steps keep the capacity"
 
 
 class MemoryCgroup:
@@ -121,12 +122,15 @@ def _job(cg, tmp_path, name, *args):
     return r, result, peak
 
 
-def test_a_job_that_does_not_fit_trains_under_teraio(cgroup, tmp_path):
-    """GPT-2 (6 layers, width 256, batch 8 x 256): its peak is more than
-    twice the limit's share of the capacity; the profiled steps keep the
-    capacity through the pager, the planned ones through the plan."""
-    extra = []
-    share = LIMIT_SHARE
+@pytest.mark.parametrize("kind", ["activations", "globals"])
+def test_a_job_that_does_not_fit_trains_under_teraio(cgroup, tmp_path, kind):
+    """activations: GPT-2 (6 layers, width 256, batch 8 x 256) at 0.6 of its
+    peak; globals: GPT-2 (8 layers, width 1024, batch 4 x 64), whose
+    parameters, gradients and AdamW states are most of its peak, at 0.5.  The
+    profiled steps keep the capacity through the pager, the planned ones
+    through the plan."""
+    extra = ["--globals"] if kind == "globals" else []
+    share = LIMIT_SHARE if kind == "activations" else 0.5
     ssd = tmp_path / "ssd"
     ssd.mkdir()
     cgroup.set_limit(None)
@@ -146,5 +150,8 @@ def test_a_job_that_does_not_fit_trains_under_teraio(cgroup, tmp_path):
     assert rep["profiled_iterations"] == 2 and rep["planned_iterations"] == 6
     assert rep["over_capacity_kernels"] == 0
     assert rep["profiling"]["evictions"] > 0
-    print(f"plain peak {plain_peak / 2**20:.0f} MiB, limit {limit / 2**20:.0f} MiB, "
+    # the offloaded steps' RSS (sampled at each kernel): at most the RSS before the first step plus
+    # the capacity plus the stated overhead (docs/runtime.md)
+    assert rep["peak_process_rss_bytes"] <= got["rss_before_bytes"] + rep["capacity_bytes"] + OVERHEAD_BYTES
+    print(f"{kind}: plain peak {plain_peak / 2**20:.0f} MiB, limit {limit / 2**20:.0f} MiB, "
           f"teraio peak {peak / 2**20:.0f} MiB, capacity {rep['capacity_bytes'] / 2**20:.0f} MiB")

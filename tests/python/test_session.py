@@ -197,6 +197,7 @@ def test_compiled_report_counts_a_step_over_its_capacity(tmp_path):
             plan._p.contents.capacity_bytes = cap  # the runtime holds it to `cap`
             return plan
 
+    assert torch._C._len_torch_dispatch_stack() == 0, "a dispatch mode left by an earlier test"
     torch._dynamo.reset()
     job = OneLayerJob(iterations=4, batch=16)
     off = Oversized(job.model, job.opt, capacity=0.5, ssd=[str(tmp_path)], ssd_gbps=(8.0, 8.0))
