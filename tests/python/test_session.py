@@ -254,3 +254,24 @@ def test_no_circle_of_imports_in_teraio_torch():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+@pytest.mark.parametrize("compile", PATHS)
+def test_a_second_session_on_a_live_sessions_model_is_refused(tmp_path, compile):
+    """Issue 26 item 1: two sessions on one model, steps alternating, turned
+    AdamW's step counter to garbage (OverflowError) and nested steps crashed.
+    The second offload() is refused, naming the live session, until it is
+    closed; another model beside it is fine."""
+    model, opt = _model()
+    kw = {"compile_model": False} if compile else {}
+    a = teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path)], name="first", compile=compile, **kw)
+    with pytest.raises(RuntimeError, match="the model is driven by a live session \\('first'\\)"):
+        teraio.torch.offload(model, None, capacity=0.5, ssd=[str(tmp_path)], compile=compile, **kw)
+    other = nn.Linear(8, 8)
+    with pytest.raises(RuntimeError, match="the optimizer is driven by a live session"):
+        teraio.torch.offload(other, opt, capacity=0.5, ssd=[str(tmp_path)], compile=compile, **kw)
+    b = teraio.torch.offload(other, None, capacity=0.5, ssd=[str(tmp_path)], compile=compile, **kw)
+    b.close()
+    a.close()
+    c = teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path)], compile=compile, **kw)
+    c.close()

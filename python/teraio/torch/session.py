@@ -44,6 +44,7 @@ import collections
 import logging
 import os
 import threading
+import weakref
 
 import torch
 
@@ -62,6 +63,36 @@ _SUMS = ("bytes_offloaded", "bytes_offloaded_ssd", "bytes_offloaded_host", "byte
          "offloads_refused", "iterations", "fetches_outside", "bytes_fetched_outside",
          "over_capacity_kernels", "frees_waited")
 _MAXES = ("peak_resident_bytes", "over_capacity_bytes_max", "peak_process_rss_bytes")
+
+
+# Which live session drives each parameter (and optimizer): a tensor moved
+# by two sessions would be released by one while the other reads it (AdamW's
+# step counter turned to garbage, nested steps crashed).
+_owners: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(tensor or optimizer) -> (it, session)
+
+
+def _claim(session, model, optimizer) -> None:
+    """Refuse a model or optimizer a live session drives; else claim them.
+    (Keyed by id with weak references both ways: tensors compare by value.)"""
+    objs = [optimizer] if optimizer is not None else []
+    objs += list(model.parameters()) + list(model.buffers())
+    for obj in objs:
+        entry = _owners.get(id(obj))
+        if entry is None or entry[0]() is not obj:
+            continue
+        other = entry[1]()
+        if other is not None and not other._closed and other is not session:
+            what = "optimizer" if obj is optimizer else "model"
+            raise RuntimeError(f"teraio.torch.offload: the {what} is driven by a live session "
+                               f"('{other.name}'); close() it before offloading again")
+    for obj in objs:
+        _owners[id(obj)] = (weakref.ref(obj), weakref.ref(session))
+
+
+def _release(session) -> None:
+    for key, (obj, owner) in list(_owners.items()):
+        if owner() is session or owner() is None or obj() is None:
+            del _owners[key]
 
 
 def ssd_dirs(ssd) -> list[str]:
@@ -179,6 +210,7 @@ class Session:
             if not os.path.isdir(d):
                 raise ValueError(f"teraio.torch.offload: ssd directory '{d}' does not exist or is not a "
                                  f"directory")
+        _claim(self, model, optimizer)
         self.model, self.optimizer = model, optimizer
         self.capacity, self.ssd = capacity, dirs
         if any(t.device.type == "cpu" for t, _, _ in global_tensors(model, optimizer)):
@@ -292,6 +324,7 @@ class Session:
             self._engine.close()
             self._engine = None
         self._closed = True
+        _release(self)
 
     def _close_driver(self) -> None:
         """What the driver holds besides the runtime (its pager)."""
