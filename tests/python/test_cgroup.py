@@ -20,93 +20,29 @@ import pathlib
 import signal
 import subprocess
 import sys
-import uuid
 
 import pytest
+
+from teraio.demo import limit
 
 JOB = pathlib.Path(__file__).with_name("cgroup_job.py")
 LIMIT_SHARE = 0.6
 OVERHEAD_BYTES = 32 << 20  # docs/runtime.md, "The profiled steps keep the capacity"
 
 
-class MemoryCgroup:
-    """A fresh memory cgroup (v1 or v2) below this process's own."""
-
-    def __init__(self):
-        self.path, self.v2 = self._make()
-
-    @staticmethod
-    def _own(controller_line: str) -> str:
-        for line in pathlib.Path("/proc/self/cgroup").read_text().splitlines():
-            _, ctrls, path = line.split(":", 2)
-            if controller_line in ctrls.split(",") or (controller_line == "" and ctrls == ""):
-                return path
-        return "/"
-
-    def _make(self):
-        name = f"teraio-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        v1 = pathlib.Path("/sys/fs/cgroup/memory")
-        if (v1 / "memory.limit_in_bytes").exists():
-            base = v1 / self._own("memory").lstrip("/")
-            path = base / name
-            path.mkdir()
-            return path, False
-        for root in (pathlib.Path("/sys/fs/cgroup"), pathlib.Path("/sys/fs/cgroup/unified")):
-            ctrl = root / "cgroup.controllers"
-            if ctrl.exists() and "memory" in ctrl.read_text().split():
-                base = root / self._own("").lstrip("/")
-                path = base / name
-                path.mkdir()
-                if not (path / "memory.max").exists():
-                    path.rmdir()
-                    raise OSError(f"the memory controller is not enabled below {base}")
-                return path, True
-        raise OSError("no memory cgroup controller is mounted")
-
-    def set_limit(self, nbytes: int | None) -> None:
-        if self.v2:
-            (self.path / "memory.max").write_text("max" if nbytes is None else str(nbytes))
-            (self.path / "memory.swap.max").write_text("0") if (self.path / "memory.swap.max").exists() else None
-        else:
-            (self.path / "memory.limit_in_bytes").write_text("-1" if nbytes is None else str(nbytes))
-            sw = self.path / "memory.memsw.limit_in_bytes"
-            if nbytes is not None and sw.exists():
-                sw.write_text(str(nbytes))
-
-    def reset_peak(self) -> None:
-        if not self.v2:
-            (self.path / "memory.max_usage_in_bytes").write_text("0")
-        elif (self.path / "memory.peak").exists():
-            try:
-                (self.path / "memory.peak").write_text("0")
-            except OSError:
-                pass
-
-    def peak_bytes(self) -> int:
-        f = self.path / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")
-        return int(f.read_text().split()[0])
+class MemoryCgroup(limit.MemoryCgroup):
+    """teraio.demo.limit's cgroup, running cgroup_job.py inside it."""
 
     def run(self, args, timeout=900) -> subprocess.CompletedProcess:
-        procs = self.path / "cgroup.procs"
-
-        def join():
-            procs.write_text(str(os.getpid()))
-
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        return subprocess.run([sys.executable, str(JOB), *args], preexec_fn=join, capture_output=True,
+        return subprocess.run([sys.executable, str(JOB), *args], preexec_fn=self.join, capture_output=True,
                               text=True, timeout=timeout, env=env)
-
-    def remove(self) -> None:
-        try:
-            self.path.rmdir()
-        except OSError:
-            pass
 
 
 @pytest.fixture
 def cgroup():
     try:
-        cg = MemoryCgroup()
+        cg = MemoryCgroup("teraio-test")
     except OSError as e:
         pytest.skip(f"cgroups cannot be made here: {e}")
     yield cg

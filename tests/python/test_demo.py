@@ -1,5 +1,6 @@
 """The demo end to end on a small model, and its bad-input paths."""
 import json
+import os
 import math
 import subprocess
 import sys
@@ -30,6 +31,13 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
     assert s["peak_resident_bytes"] <= 1.05 * s["capacity_bytes"]
     assert s["bytes_offloaded"] > 0 and s["bytes_prefetched"] > 0
     assert s["backend"] in ("io_uring", "psync")
+    # the same job inside a memory limit it does not fit in: killed without teraio, trained with it
+    ml = s["memory_limit"]
+    if "skipped" in ml:
+        assert os.geteuid() != 0 or "too small" in ml["skipped"], ml
+    else:
+        assert ml["a_killed"] and ml["b_trained"] and ml["b_losses_identical"], ml
+        assert ml["peak_b_limited_bytes"] <= ml["limit_bytes"] and ml["b_over_capacity_kernels"] == 0
     svg = (out / "memory.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<polyline") == 4
     # the simulator check: one iteration under each of its three plans

@@ -16,26 +16,69 @@ from .runs import run_a, run_b, run_s, sweep_iterations
 
 # ----------------------------------------------------------------- parent ---
 
-def child(role: str, args, extra: list[str]) -> dict:
+def child(role: str, args, extra: list[str], cgroup=None, may_be_killed: bool = False) -> dict | None:
     """Run one side of the comparison in its own process (a fresh interpreter,
     multiprocessing's spawn, so each run's memory is measured apart), with the
-    same settings as this one."""
+    same settings as this one; in `cgroup` (a teraio.demo.limit.MemoryCgroup)
+    if given.  A run the kernel killed (SIGKILL: over the cgroup's limit)
+    gives None where `may_be_killed`."""
     import multiprocessing
+    import signal
     out = os.path.join(args.out, f"run_{role.lower()}.json")
     if os.path.exists(out):
         os.unlink(out)
+    where = ["--cgroup", str(cgroup.path)] if cgroup is not None else []
     p = multiprocessing.get_context("spawn").Process(
-        target=_child_main, args=([*args.argv, "--out", args.out, "--child", role, *extra],))
+        target=_child_main, args=([*args.argv, "--out", args.out, "--child", role, *where, *extra],))
     p.start()
     p.join()
     rc = p.exitcode
+    if rc == -signal.SIGKILL and may_be_killed:
+        return None
     if rc is not None and rc < 0:
-        import signal
         sys.stderr.write(f"teraio demo: run {role} died of {signal.Signals(-rc).name}\n")
     if rc != 0 or not os.path.exists(out):
         raise SystemExit(1 if not rc or rc < 0 else rc)
     with open(out) as f:
         return json.load(f)
+
+
+# The overhead above the capacity that a run under teraio may need in a
+# memory limit (docs/runtime.md, "The profiled steps keep the capacity").
+LIMIT_OVERHEAD_BYTES = 32 << 20
+
+
+def limited_runs(args, a: dict, capacity: int, cg) -> dict:
+    """Runs A and B again inside a memory limit that run A does not fit in:
+    halfway between run A's peak (the cgroup's count) and what run B needs
+    (run A's memory before its first step, plus the capacity, plus the stated
+    overhead).  Run A is expected to be killed there, run B (as run L,
+    without the simulator check) to train with run A's losses."""
+    peak_a = cg.peak_bytes()
+    need_b = a["cgroup_before_bytes"] + capacity + LIMIT_OVERHEAD_BYTES
+    limit = (peak_a + need_b) // 2
+    out = {"cgroup_version": cg.version, "limit_bytes": limit, "peak_a_bytes": peak_a, "need_b_bytes": need_b}
+    if peak_a - need_b < 2 * LIMIT_OVERHEAD_BYTES:
+        # At the limit the kernel first reclaims page cache, so run A needs a margin to be killed.
+        out["skipped"] = (f"run A's peak ({peak_a / 2**20:.1f} MiB in the cgroup) is less than "
+                          f"{2 * LIMIT_OVERHEAD_BYTES >> 20} MiB above what run B needs ({need_b / 2**20:.1f} MiB): "
+                          f"the model is too small for a memory limit to tell them apart")
+        return out
+    cg.set_limit(limit)
+    cg.reset_peak()
+    killed = child("AL", args, [], cgroup=cg, may_be_killed=True)
+    out["a_killed"] = killed is None
+    out["peak_a_limited_bytes"] = cg.peak_bytes()
+    cg.reset_peak()
+    lb = child("L", args, ["--capacity-bytes", str(capacity), "--validate-iterations", "0"], cgroup=cg,
+               may_be_killed=True)
+    out["b_trained"] = lb is not None
+    out["peak_b_limited_bytes"] = cg.peak_bytes()
+    if lb is not None:
+        out["b_losses_identical"] = lb["loss_bits"] == a["loss_bits"]
+        out["b_peak_resident_bytes"] = lb["stats"]["peak_resident_bytes"]
+        out["b_over_capacity_kernels"] = lb["stats"]["over_capacity_kernels"]
+    return out
 
 
 def _child_main(argv: list[str]) -> None:
@@ -81,11 +124,23 @@ def parent(args) -> int:
         s = child("S", args, ["--iterations", str(sweep_iterations(args)), "--peak-bytes", str(a["peak_bytes"])])
         progress("", final=False)
         return report_sweep(args, a, s, t0)
-    a = child("A", args, [])
-    capacity = int(a["peak_bytes"] * args.capacity_fraction)
-    b = child("B", args, ["--capacity-bytes", str(capacity)])
+    from .limit import MemoryCgroup
+    try:
+        cg = MemoryCgroup("teraio-demo")
+        cg.set_limit(None)
+        no_limit = None
+    except OSError as e:
+        cg, no_limit = None, f"no memory limit was made ({e}; it needs root or a delegated cgroup)"
+    try:
+        a = child("A", args, [], cgroup=cg)
+        capacity = int(a["peak_bytes"] * args.capacity_fraction)
+        limited = limited_runs(args, a, capacity, cg) if cg is not None else {"skipped": no_limit}
+        b = child("B", args, ["--capacity-bytes", str(capacity)])
+    finally:
+        if cg is not None:
+            cg.remove()
     progress("", final=False)
-    return report_demo(args, a, b, t0)
+    return report_demo(args, a, b, t0, limited)
 
 
 def run_ca(args) -> dict:
@@ -167,7 +222,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="train with torch.compile: Inductor alone, then with teraio's compiled path, at "
                          "--capacity-fraction of the compiled step's peak (make demo-compiled)")
-    ap.add_argument("--child", choices=["A", "B", "S", "CA", "CB"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["A", "AL", "B", "L", "S", "CA", "CB"], help=argparse.SUPPRESS)
+    ap.add_argument("--cgroup", help=argparse.SUPPRESS)
     ap.add_argument("--capacity-bytes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--peak-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -177,10 +233,14 @@ def main(argv=None) -> int:
         ap.error(problem)
     if not args.child:
         return parent(args)
+    if args.cgroup:  # before the job allocates anything: its memory is the cgroup's
+        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
     setup_process()
     from .._lib import TeraioError
     try:
-        result = {"A": run_a, "B": run_b, "S": run_s, "CA": run_ca, "CB": run_cb}[args.child](args)
+        result = {"A": run_a, "AL": run_a, "B": run_b, "L": run_b, "S": run_s, "CA": run_ca,
+                  "CB": run_cb}[args.child](args)
     except (TeraioError, OSError, ValueError, RuntimeError, MemoryError) as e:
         progress("")
         sys.stderr.write(f"teraio demo: {e}\n")

@@ -65,10 +65,34 @@ def memory_chart(path: str, a: dict, b: dict, capacity: int) -> None:
                 {"label": "capacity", "y": [capacity / 2**20] * len(a["memory_curve"]), "dash": True}])
 
 
-def report_demo(args, a: dict, b: dict, t0: float) -> int:
+def report_limit(limited: dict | None) -> bool:
+    """Print what the runs inside a memory limit did; False if run B (run L)
+    did not train there with run A's losses."""
+    if not limited:
+        return True
+    if "skipped" in limited:
+        say(f"  memory limit                    {limited['skipped']}")
+        return True
+    lim = limited["limit_bytes"]
+    say(f"  memory limit (cgroup v{limited['cgroup_version']})        {mib(lim)}: halfway between run A's peak "
+        f"{mib(limited['peak_a_bytes'])} and what run B needs, {mib(limited['need_b_bytes'])}")
+    say(f"    without teraio                {'killed by the kernel (over the limit)' if limited['a_killed'] else 'not killed'}"
+        f", peak {mib(limited['peak_a_limited_bytes'])}")
+    if limited["b_trained"]:
+        say(f"    with teraio                   trained, peak {mib(limited['peak_b_limited_bytes'])}, losses "
+            f"identical {limited['b_losses_identical']}, kernels over the capacity "
+            f"{limited['b_over_capacity_kernels']}")
+        return limited["b_losses_identical"]
+    say(f"    with teraio                   killed by the kernel, peak {mib(limited['peak_b_limited_bytes'])}")
+    return False
+
+
+def report_demo(args, a: dict, b: dict, t0: float, limited: dict | None = None) -> int:
     """Write summary.json and memory.svg, print the report; 0 if the losses
-    are identical."""
+    are identical (and, inside a memory limit, run B trained there)."""
     summary = summary_of(args, a, b, t0)
+    if limited is not None:
+        summary["memory_limit"] = limited
     path = os.path.join(args.out, "summary.json")
     with open(path, "w") as f:
         json.dump(summary, f, indent=2)
@@ -97,8 +121,9 @@ def report_demo(args, a: dict, b: dict, t0: float) -> int:
         say(f"  simulator check                 simulated {check['simulated_s']:.3f} s, measured "
             f"{check['measured_s']:.3f} s per offloaded iteration ({100 * check['sim_vs_measured_error']:.1f}% "
             f"off; host costs fitted in-process)")
+    limit_ok = report_limit(limited)
     say(f"  wrote {path} and {os.path.join(args.out, 'memory.svg')}")
-    return 0 if summary["losses_identical"] else 1
+    return 0 if summary["losses_identical"] and limit_ok else 1
 
 
 def sweep_rows(a: dict, s: dict) -> list[dict]:

@@ -21,6 +21,7 @@ import os
 import time
 
 from .job import Job, loss_bits, peak_rss_bytes, progress, reset_peak_rss
+from .limit import usage_bytes
 
 
 def ssd_dirs(args) -> list[str]:
@@ -39,6 +40,7 @@ def run_a(args) -> dict:
     from ..torch import Profiler
     job = Job(args)
     prof = Profiler(job.model, job.opt, name="llama-demo")
+    cgroup_before = usage_bytes()
     losses, times = [], []
     rss_reset = False
     for i in range(args.iterations):
@@ -62,7 +64,8 @@ def run_a(args) -> dict:
     return {"losses": losses, "loss_bits": [loss_bits(x) for x in losses], "times": times,
             "iter_time_s": sum(steady) / len(steady), "peak_bytes": peak, "floor_bytes": floor,
             "memory_curve": curve, "rss_peak_bytes": peak_rss_bytes(), "rss_peak_reset": rss_reset,
-            "n_params": job.n_params, "corpus_bytes": job.corpus_bytes, "n_kernels": len(curve)}
+            "n_params": job.n_params, "corpus_bytes": job.corpus_bytes, "n_kernels": len(curve),
+            "cgroup_before_bytes": cgroup_before}
 
 
 def run_b(args) -> dict:
