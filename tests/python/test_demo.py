@@ -39,7 +39,9 @@ def test_small_demo_meets_the_foundation_criteria(tmp_path):
         assert ml["a_killed"] and ml["b_trained"] and ml["b_losses_identical"], ml
         assert ml["peak_b_limited_bytes"] <= ml["limit_bytes"] and ml["b_over_capacity_kernels"] == 0
     svg = (out / "memory.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<polyline") == 4
+    # no offloading, as planned, as measured, the process's RSS above Python+PyTorch, the capacity
+    assert svg.startswith("<svg") and svg.count("<polyline") == 5
+    assert "process RSS" in svg and s["rss_above_base_peak_bytes"] > 0
     # the simulator check: one iteration under each of its three plans
     assert s["validation_iterations_per_plan"] == 1
     assert all(len(s["validation_times_s"][k]) == 1 for k in "ECR")

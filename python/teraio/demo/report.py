@@ -26,6 +26,7 @@ def summary_of(args, a: dict, b: dict, t0: float) -> dict:
         "planned_peak_bytes": b["plan"]["planned_peak_bytes"],
         "plan_fits": b["plan"]["fits"],
         "peak_resident_bytes": s["peak_resident_bytes"],
+        "rss_above_base_peak_bytes": max(b.get("rss_curve") or [0]),
         "over_capacity_kernels": s["over_capacity_kernels"],
         "rss_peak_no_offload_bytes": a["rss_peak_bytes"],
         "rss_peak_offload_bytes": b["rss_peak_bytes"],
@@ -62,6 +63,8 @@ def memory_chart(path: str, a: dict, b: dict, capacity: int) -> None:
                [{"label": "no offloading (M)", "y": to_mib(a["memory_curve"])},
                 {"label": "as planned (M')", "y": to_mib(b["planned_curve"])},
                 {"label": "as measured (offloading)", "y": to_mib(b["measured_curve"])},
+                *([{"label": "process RSS above Python+PyTorch (offloading)", "y": to_mib(b["rss_curve"])}]
+                  if b.get("rss_curve") else []),
                 {"label": "capacity", "y": [capacity / 2**20] * len(a["memory_curve"]), "dash": True}])
 
 

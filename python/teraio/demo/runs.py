@@ -71,17 +71,19 @@ def run_a(args) -> dict:
 def run_b(args) -> dict:
     """Run B through teraio.torch.offload, then run V on its trace."""
     from ..torch import offload
+    from ..torch.runtime import _rss_bytes
+    rss_base = _rss_bytes()  # before the model: Python and PyTorch
     job = Job(args)
     dirs = ssd_dirs(args)
     off = offload(job.model, job.opt, capacity=int(args.capacity_bytes * (1 - args.plan_headroom)), ssd=dirs,
                   bandwidth_share=args.bandwidth_derate, name="llama-demo")
-    losses, times, curve = [], [], []
+    losses, times, curve, rss_curve = [], [], [], []
     rss_reset = False
     for i in range(args.iterations):
         what = "profiling" if off.runtime is None else f"offloading to {', '.join(dirs)}"
         progress(f"run B ({what}): iteration {i + 1}/{args.iterations}")
         if i == args.iterations - 1 and off.runtime is not None:
-            off.runtime.record_curve(curve)
+            off.runtime.record_curve(curve, rss_curve)
         t0 = time.perf_counter()
         with off.step():
             loss = job.step(i)
@@ -104,6 +106,7 @@ def run_b(args) -> dict:
            "stats": report, "backend": backend, "backend_reason": reason,
            "ssd_read_gbps": read_gbps, "ssd_write_gbps": write_gbps, "capacity_bytes": args.capacity_bytes,
            "peak_bytes": lt.peak_bytes, "planned_curve": plan.planned_curve(), "measured_curve": curve,
+           "rss_curve": [max(0, r - rss_base) for r in rss_curve], "rss_base_bytes": rss_base,
            "plan": {"migrations": plan.n_migrations, "planned_peak_bytes": plan.planned_peak_bytes,
                     "fits": bool(plan.fits), "bytes_to_ssd": plan.bytes_to_ssd,
                     "plan_seconds": plan.plan_seconds}, "ssd_dirs": dirs}

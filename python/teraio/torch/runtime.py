@@ -77,6 +77,23 @@ _YIELD_S = 0.002
 _YIELD_BUDGET_S = 0.01
 
 
+_PAGE = None
+
+
+def _rss_bytes() -> int:
+    """The process's resident set now (Linux /proc/self/statm), 0 if unreadable."""
+    global _PAGE
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    if _PAGE is None:
+        import os
+        _PAGE = os.sysconf("SC_PAGE_SIZE")
+    return pages * _PAGE
+
+
 def _yield_gil() -> None:
     """Let a thread waiting for the GIL run."""
     time.sleep(0)
@@ -127,6 +144,8 @@ class _Mode(TorchDispatchMode):
         if rt._curve is not None:
             L.tio_runtime_get_stats(rt._p, ctypes.byref(rt._stats))
             rt._curve.append(rt._stats.resident_bytes)
+            if rt._rss_curve is not None:
+                rt._rss_curve.append(_rss_bytes())
         return out
 
 
@@ -260,6 +279,7 @@ class OffloadRuntime:
         self._guard = _Guard(self)
         self._guard_pushed = False
         self._curve: list[int] | None = None
+        self._rss_curve: list[int] | None = None
         self._stats = L.RuntimeStats()
         self._hooks = [model.register_state_dict_pre_hook(lambda *a: self._before_state_dict())]
         if optimizer is not None:
@@ -549,16 +569,17 @@ class OffloadRuntime:
                 yield self
         finally:
             self._in_iteration = False
-            self._curve = None
+            self._curve = self._rss_curve = None
             try:
                 self._end_iteration()
             finally:
                 self._guard_on()
 
-    def record_curve(self, curve: list[int]) -> None:
-        """Append the resident bytes after each kernel of the next iteration to `curve`."""
+    def record_curve(self, curve: list[int], rss: list[int] | None = None) -> None:
+        """Append the resident bytes after each kernel of the next iteration to
+        `curve`, and the process's resident set (the OS's count) to `rss`."""
         self._check_thread()
-        self._curve = curve
+        self._curve, self._rss_curve = curve, rss
 
     def fetch_all(self) -> None:
         """Bring every offloaded tensor back (before checkpointing or eval)."""
