@@ -19,6 +19,7 @@ from ctypes import c_char_p, c_size_t, c_uint32, c_void_p
 from typing import Iterable, Sequence
 
 from teraio import _lib as L
+from teraio._args import U32, integer
 from teraio._lib import check
 
 SPECIAL_TEXT = 0    #: special-token strings are ordinary text (tiktoken encode_ordinary)
@@ -96,6 +97,12 @@ class Tokenizer:
             L.tio_tok_destroy(self._h)
             self._h = None
 
+    def _handle(self):
+        """The C tokenizer; every method of a closed Tokenizer raises."""
+        if not self._h:
+            raise ValueError("Tokenizer is closed")
+        return self._h
+
     def __del__(self):
         self.close()
 
@@ -107,10 +114,10 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return L.tio_tok_vocab_size(self._h)
+        return L.tio_tok_vocab_size(self._handle())
 
     def special_id(self, text: str) -> int:
-        return check(L.tio_tok_special_id(self._h, text.encode()))
+        return check(L.tio_tok_special_id(self._handle(), text.encode()))
 
     def _buffer(self, cap: int):
         """This thread's output buffer of at least cap ids (reused: encode is
@@ -128,7 +135,7 @@ class Tokenizer:
     def encode(self, text: str | bytes, special: int = SPECIAL_TEXT) -> list[int]:
         """Ids of ``text`` (str: its UTF-8; bytes: as given, any bytes)."""
         data = _as_bytes(text)
-        cap = max(1, L.tio_tok_max_ids(self._h, len(data)))
+        cap = max(1, L.tio_tok_max_ids(self._handle(), len(data)))
         out, view = self._buffer(cap)
         n = c_size_t()
         check(L.tio_tok_encode(self._h, data, len(data), special, out, cap, ctypes.byref(n)))
@@ -140,6 +147,7 @@ class Tokenizer:
                             f"{type(texts).__name__} (use encode for a single text)")
         if not isinstance(threads, int) or not 0 <= threads <= 4096:
             raise ValueError(f"threads must be an integer from 0 (one per CPU) to 4096, got {threads!r}")
+        self._handle()
         data = [_as_bytes(t) for t in texts]
         n = len(data)
         ptrs = (c_char_p * max(1, n))(*data)
@@ -177,14 +185,20 @@ class Tokenizer:
         return ids, array("Q", offs)
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The bytes of `ids`.  An id that is not a 32-bit unsigned integer is a
+        ValueError here (ctypes would wrap 2**32 + 464 to 464 and -1 to
+        4294967295); one the vocabulary lacks, a TeraioError from the library."""
+        h = self._handle()
         ids = list(ids)
+        if not all(type(x) is int and 0 <= x <= U32 for x in ids):
+            ids = [integer(f"token id at position {i}", x, 0, U32) for i, x in enumerate(ids)]
         arr = (c_uint32 * max(1, len(ids)))(*ids)
         need = c_size_t()
-        rc = L.tio_tok_decode(self._h, arr, len(ids), None, 0, ctypes.byref(need))
+        rc = L.tio_tok_decode(h, arr, len(ids), None, 0, ctypes.byref(need))
         if rc < 0 and need.value == 0 and ids:
             check(rc)
         buf = ctypes.create_string_buffer(max(1, need.value))
-        check(L.tio_tok_decode(self._h, arr, len(ids), buf, need.value, ctypes.byref(need)))
+        check(L.tio_tok_decode(h, arr, len(ids), buf, need.value, ctypes.byref(need)))
         return buf.raw[:need.value]
 
     def decode(self, ids: Iterable[int], errors: str = "replace") -> str:

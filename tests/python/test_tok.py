@@ -392,3 +392,23 @@ def test_encoding_found_from_any_working_directory(tmp_path, monkeypatch):
     monkeypatch.delenv("TERAIO_TOKENIZERS_DIR", raising=False)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     assert Tokenizer.encoding("o200k_base").encode("hello world") == [24912, 2375]
+
+
+def test_ids_outside_the_vocabulary_are_refused_not_wrapped():
+    """Issue 26 item 11: decode([2**32]) gave id 0's text and 2**32 + 464 id
+    464's (ctypes wrapped them); -1 was reported as "id 4294967295"; a
+    closed Tokenizer reported a vocabulary of 0."""
+    tok = Tokenizer.encoding("r50k_base")
+    assert tok.decode([464]) == "The"
+    for bad in (2**32, 2**32 + 464, -1, True, 4.0):
+        with pytest.raises(ValueError, match=r"token id at position 1 must be an integer"):
+            tok.decode([464, bad])
+    with pytest.raises(TeraioError):  # in 32 bits, not in the vocabulary: the library says so
+        tok.decode([464, tok.vocab_size])
+    import numpy as np
+    assert tok.decode(np.array([464, 383], dtype=np.int64)) == tok.decode([464, 383])
+    tok.close()
+    for call in (lambda: tok.vocab_size, lambda: tok.decode([464]), lambda: tok.encode("x"),
+                 lambda: tok.encode_batch(["x"]), lambda: tok.special_id("<|endoftext|>")):
+        with pytest.raises(ValueError, match="Tokenizer is closed"):
+            call()
