@@ -306,6 +306,64 @@ static int write_counts(const ingest_job *j)
     return tio_atomic_commit(&af);
 }
 
+/* Two inputs that would write one output pair (web/a.jsonl and
+ * web/a.parquet both to web/a.bin) are refused, naming both: the second
+ * would replace the first's output while counts.csv listed both. */
+static const ingest_job *cmp_job_ctx;
+
+static int cmp_out_prefix(const void *a, const void *b)
+{
+    const ingest_job *j = cmp_job_ctx;
+    const uint32_t *x = j->jobs[*(const uint32_t *)a], *y = j->jobs[*(const uint32_t *)b];
+    char px[4096], py[4096];
+    out_prefix(tio_dataset_file_path(j->ds, x[0], x[1]), px, sizeof px);
+    out_prefix(tio_dataset_file_path(j->ds, y[0], y[1]), py, sizeof py);
+    return strcmp(px, py);
+}
+
+static int check_collisions(const ingest_job *j, const char *src)
+{
+    if (j->n_jobs < 2)
+        return 0;
+    uint32_t *order = malloc((size_t)j->n_jobs * sizeof *order);
+    if (!order)
+        return tio_fail(-ENOMEM, "out of memory");
+    for (uint32_t k = 0; k < j->n_jobs; k++)
+        order[k] = k;
+    cmp_job_ctx = j; /* list_jobs runs on one thread, before the workers */
+    qsort(order, j->n_jobs, sizeof *order, cmp_out_prefix);
+    int rc = 0;
+    for (uint32_t k = 1; k < j->n_jobs && !rc; k++) {
+        if (cmp_out_prefix(&order[k - 1], &order[k]) != 0)
+            continue;
+        const uint32_t *x = j->jobs[order[k - 1]], *y = j->jobs[order[k]];
+        char p[4096];
+        out_prefix(tio_dataset_file_path(j->ds, x[0], x[1]), p, sizeof p);
+        rc = tio_fail(-EEXIST, "%s/%s and %s/%s would both be written to %s.bin: rename one of them",
+                      src, tio_dataset_file_path(j->ds, x[0], x[1]), src,
+                      tio_dataset_file_path(j->ds, y[0], y[1]), p);
+    }
+    free(order);
+    return rc;
+}
+
+/* OUT may not be SRC or inside it: its token files would be read as input
+ * the next time (and ingest refuses token files), or doubled. */
+static int check_out_outside_src(const char *src, const char *out)
+{
+    char *rs = realpath(src, NULL), *ro = realpath(out, NULL);
+    int rc = 0;
+    if (rs && ro) {
+        size_t n = strlen(rs);
+        if (!strcmp(rs, ro) || (!strncmp(rs, ro, n) && (ro[n] == '/' || (n == 1 && rs[0] == '/'))))
+            rc = tio_fail(-EINVAL, "%s: the output folder is the source folder %s or inside it; "
+                          "give an OUT outside SRC", out, src);
+    }
+    free(rs);
+    free(ro);
+    return rc;
+}
+
 static int list_jobs(ingest_job *j, const char *src)
 {
     uint32_t total = 0;
@@ -329,7 +387,7 @@ static int list_jobs(ingest_job *j, const char *src)
             j->jobs[j->n_jobs][1] = f;
             j->n_jobs++;
         }
-    return 0;
+    return check_collisions(j, src);
 }
 
 int tio_data_ingest(const char *src, const char *out, const tio_data_ingest_options *opts,
@@ -341,11 +399,18 @@ int tio_data_ingest(const char *src, const char *out, const tio_data_ingest_opti
         tio_data_ingest_options_default(&defaults);
         opts = &defaults;
     }
-    if (mkdir(out, 0755) != 0 && errno != EEXIST)
+    bool made = mkdir(out, 0755) == 0;
+    if (!made && errno != EEXIST)
         return tio_fail(-errno, "%s: cannot create: %s", out, strerror(errno));
     struct stat st;
     if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode))
         return tio_fail(-ENOTDIR, "%s: not a folder", out);
+    int bad = check_out_outside_src(src, out);
+    if (bad) {
+        if (made)
+            rmdir(out);
+        return bad;
+    }
     tio_dataset_options o;
     tio_dataset_options_default(&o);
     if (opts->tokenizer)
@@ -358,8 +423,11 @@ int tio_data_ingest(const char *src, const char *out, const tio_data_ingest_opti
     ingest_job j = {.out = out, .opts = opts,
                     .dtype = tok->vocab_size && tok->vocab_size <= 65536 ? 8 : 4};
     int rc = tio_dataset_open(src, &o, &j.ds);
-    if (rc)
+    if (rc) {
+        if (made)
+            rmdir(out);
         return rc;
+    }
     pthread_mutex_init(&j.lock, NULL);
     uint32_t threads = opts->threads;
     if (threads == 0) {
@@ -387,5 +455,7 @@ int tio_data_ingest(const char *src, const char *out, const tio_data_ingest_opti
     free(j.tokens);
     pthread_mutex_destroy(&j.lock);
     tio_dataset_destroy(j.ds);
+    if (rc && made)
+        rmdir(out); /* the folder this call made, if nothing was written to it */
     return rc;
 }

@@ -432,6 +432,23 @@ expect_one_line_error "data ingest: token files are not text" "$teraio" data ing
 expect_one_line_error "data ingest: unknown tokenizer" \
   "$teraio" data ingest "$work/data-src" "$work/data-out" --tokenizer gpt9
 expect_one_line_error "data ingest: OUT is a file" "$teraio" data ingest "$work/data-src" "$work/a-file"
+# Issue 26 items 6 and 7: a.jsonl and a.parquet (or a.jsonl.zst) both went to web/a.bin, ingest
+# said 3 files and 100 documents and wrote 20; OUT = SRC or inside it doubled the source.
+mkdir -p "$work/data-clash/web"
+echo '{"text": "one"}' >"$work/data-clash/web/a.jsonl"
+gzip -c "$work/data-clash/web/a.jsonl" >"$work/data-clash/web/a.jsonl.gz"
+expect_one_line_error "data ingest: two inputs, one output name" \
+  "$teraio" data ingest "$work/data-clash" "$work/data-clash-out"
+if ! grep -q "would both be written to web/a.bin" "$work/stderr"; then
+  failed=$((failed + 1))
+  echo "FAIL: data ingest: a name collision does not name the output" >&2
+fi
+expect_one_line_error "data ingest: OUT is SRC" "$teraio" data ingest "$work/data-src" "$work/data-src"
+expect_one_line_error "data ingest: OUT inside SRC" "$teraio" data ingest "$work/data-src" "$work/data-src/out"
+if [ -e "$work/data-src/out" ]; then
+  failed=$((failed + 1))
+  echo "FAIL: data ingest: a refused OUT inside SRC was left behind" >&2
+fi
 mkdir -p "$work/data-badline/t"
 printf '{"text": "fine"}\n{"text": "broken\\q"}\n' >"$work/data-badline/t/x.jsonl"
 expect_one_line_error "data ingest: malformed JSONL line" "$teraio" data ingest "$work/data-badline" "$work/data-out2"
