@@ -275,3 +275,52 @@ def test_a_second_session_on_a_live_sessions_model_is_refused(tmp_path, compile)
     a.close()
     c = teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path)], compile=compile, **kw)
     c.close()
+
+
+def test_a_failed_replan_keeps_the_previous_plan(tmp_path, caplog):
+    """Issue 26 item 2: a new batch size needed a larger engine, its creation
+    failed (ENOSPC), and the old engine was already closed: every later step
+    ran profiled, with nothing offloaded and no log line.  Now the failure is
+    said once, the sequence is marked as not plannable, and the old plan
+    runs on: its steps planned, the new shape's on demand, losses as plain."""
+    import logging
+
+    from teraio._lib import TeraioError
+
+    def job():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+    g = torch.Generator().manual_seed(1)
+    sizes = [32, 32, 32, 64, 64, 64, 32, 32]
+    data = [torch.randn(b, 64, generator=g) for b in sizes]
+
+    def step(m, o, x):
+        o.zero_grad()
+        loss = (m(x) ** 2).mean()
+        loss.backward()
+        o.step()
+        return loss.item()
+
+    m, o = job()
+    plain = [step(m, o, x) for x in data]
+    m, o = job()
+    off = teraio.torch.offload(m, o, capacity=0.9, ssd=[str(tmp_path)])
+    got = []
+    with caplog.at_level(logging.WARNING, logger="teraio"):
+        for i, x in enumerate(data):
+            if i == 3:  # from the re-plan on, no engine can be made
+                def no_space(*a, **k):
+                    raise TeraioError(-28, "engine: cannot preallocate: No space left on device")
+                off._engine_for = no_space
+            with off.step():
+                got.append(step(m, o, x))
+    rep = off.report()
+    off.close()
+    assert got == plain
+    assert rep["reprofiles"] == 1 and len(rep["unplannable"]) == 1
+    assert "No space left on device" in next(iter(rep["unplannable"].values()))
+    assert sum("cannot be planned" in r.getMessage() for r in caplog.records) == 1
+    assert rep["plans"][0]["iterations"] >= 2          # the old shape's steps ran its plan
+    assert rep["profiled_iterations"] == 3
