@@ -48,7 +48,9 @@ extern "C" {
 /* The adapter's memory, by slot (the pager's handle of a tracked tensor).
  * allocate: give the tensor `bytes` of memory again and store its address
  * in *addr; release: free the tensor's memory (its bytes are stored).
- * Both return 0 or a negative errno. */
+ * Both return 0 or a negative errno; a release that fails leaves the tensor
+ * resident, and it is never evicted again (memory the framework can no
+ * longer free, such as a storage shared with numpy). */
 typedef struct {
     void *ctx;
     int (*allocate)(void *ctx, uint32_t slot, uint64_t bytes, void **addr);

@@ -131,7 +131,9 @@ static void push_head(tio_pager *p, uint32_t s)
     x->listed = true;
 }
 
-/* Evict slot s: write its bytes, then release its memory. */
+/* Evict slot s: write its bytes, then release its memory.  Returns 0, 1
+ * (the memory cannot be released: the slot is now unmovable, resident), or
+ * a negative error. */
 static int evict(tio_pager *p, uint32_t s)
 {
     pg_slot *x = &p->slots[s];
@@ -148,8 +150,16 @@ static int evict(tio_pager *p, uint32_t s)
     if (rc < 0)
         return rc;
     rc = p->cb.release(p->cb.ctx, s);
-    if (rc < 0)
-        return tio_fail(rc, "pager: the release callback failed for slot %u", s);
+    if (rc < 0) {
+        /* The framework cannot free this memory (PyTorch: a storage shared
+         * with numpy after .numpy()): it stays resident, no longer a
+         * candidate, counted like any other. */
+        unlink_slot(p, s);
+        x->movable = false;
+        tio_log(TIO_LOG_DEBUG, "pager: slot %u (%llu bytes) cannot be released (%d): kept resident",
+                s, (unsigned long long)x->bytes, rc);
+        return 1;
+    }
     unlink_slot(p, s);
     x->resident = false;
     x->addr = NULL;

@@ -22,6 +22,7 @@ typedef struct {
     void *mem[N];
     uint64_t bytes[N];
     int n_allocate[N], n_release[N];
+    bool pinned[N]; /* the framework cannot release it */
 } memory;
 
 typedef struct {
@@ -51,6 +52,8 @@ static int pg_release(void *ctx, uint32_t slot)
     fixture *f = ctx;
     int i = f->tensor_of[slot];
     assert_non_null(f->m.mem[i]);
+    if (f->m.pinned[i])
+        return -EPERM;
     free(f->m.mem[i]);
     f->m.mem[i] = NULL;
     f->m.n_release[i]++;
@@ -277,6 +280,32 @@ static void test_evicted_tensor_is_handed_over_to_a_runtime(void **state)
     tio_trace_destroy(tr);
 }
 
+/* A tensor the framework cannot release (a PyTorch storage shared with
+ * numpy) stays resident and is never a candidate again; the next least
+ * recently used one goes instead. */
+static void test_a_tensor_that_cannot_be_released_stays(void **state)
+{
+    fixture *f = *state;
+    make_pager(f, 2 * KB, 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+        track(f, i, 1);
+    }
+    f->m.pinned[0] = true;
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    track(f, 2, 1); /* 0 is least recently used, but cannot go: 1 goes */
+    assert_true(tio_pager_is_resident(f->p, f->slot[0]));
+    assert_false(tio_pager_is_resident(f->p, f->slot[1]));
+    assert_true(intact(f, 0));
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    track(f, 3, 1); /* 2 goes; 0 is not tried again */
+    assert_false(tio_pager_is_resident(f->p, f->slot[2]));
+    tio_pager_stats s = stats_of(f);
+    assert_int_equal(s.evictions, 2);
+    assert_int_equal(s.resident_bytes, 2 * KB);
+    f->m.pinned[0] = false;
+}
+
 typedef struct {
     tio_pager *p;
     int rc[4];
@@ -336,6 +365,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_capacity_as_a_share_of_the_peak_seen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_evicted_tensor_is_handed_over_to_a_runtime, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_calls_are_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_tensor_that_cannot_be_released_stays, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -324,3 +324,52 @@ def test_a_failed_replan_keeps_the_previous_plan(tmp_path, caplog):
     assert sum("cannot be planned" in r.getMessage() for r in caplog.records) == 1
     assert rep["plans"][0]["iterations"] >= 2          # the old shape's steps ran its plan
     assert rep["profiled_iterations"] == 3
+
+
+
+def test_numpy_and_pickling_while_profiled_steps_page(tmp_path):
+    """Found by a breaker: .numpy() on a parameter makes its storage
+    unresizable, and the pager's next eviction of it failed every later step
+    ("the release callback failed"); torch.save(model) failed on the hook
+    teraio put on the model (a lambda).  Now such a storage stays resident,
+    the model pickles (its teraio hooks as no-ops), and training equals the
+    plain run."""
+    import io
+
+    def job():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+        return m, torch.optim.SGD(m.parameters(), lr=0.01, foreach=False)
+
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(128, 64, generator=g) for _ in range(6)]
+
+    def step(m, o, x):
+        o.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        o.step()
+        return loss.item()
+
+    m, o = job()
+    plain = [step(m, o, x) for x in data]
+    m, o = job()
+    off = teraio.torch.offload(m, o, capacity=400_000, ssd=[str(tmp_path)], profile_iterations=3)
+    got = []
+    for i, x in enumerate(data):
+        with off.step():
+            got.append(step(m, o, x))
+        if i == 0:
+            float(m[0].weight.detach().numpy().sum())  # the weight's storage is numpy's now too
+        torch.save(m, io.BytesIO())                     # the whole module, hooks included
+    copy = torch.load(io.BytesIO(_saved(m)), weights_only=False)
+    assert all(torch.equal(p, q) for p, q in zip(copy.parameters(), m.parameters()))
+    off.close()
+    assert got == plain
+
+
+def _saved(m) -> bytes:
+    import io
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    return buf.getvalue()

@@ -134,3 +134,23 @@ class StorageIds:
     def get(self, i: int):
         ref = self.storage.get(i)
         return ref() if ref else None
+
+
+class Hook:
+    """A hook teraio puts on the user's model or optimizer (state_dict: fetch
+    first; load_state_dict: bind the new storages): it calls `method` of a
+    live object through a weak reference, and pickles as a hook that does
+    nothing, so torch.save(model) or copy.deepcopy(model) works while a
+    session drives the model and the copy carries no teraio with it."""
+
+    def __init__(self, method=None):
+        self._ref = weakref.WeakMethod(method) if method is not None else None
+
+    def __call__(self, *args):
+        fn = self._ref() if self._ref is not None else None
+        if fn is not None:
+            fn()
+
+    def __reduce__(self):
+        return (Hook, ())
+

@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from .. import _lib as L
 from ..core import Engine
-from ._ids import iter_tensors
+from ._ids import Hook, iter_tensors
 
 
 class _Guard(TorchDispatchMode):
@@ -76,7 +76,7 @@ class Pager:
         self._hooks = []
         for obj in (model, optimizer):
             if obj is not None:
-                self._hooks.append(obj.register_state_dict_pre_hook(lambda *a: self.fetch_all()))
+                self._hooks.append(obj.register_state_dict_pre_hook(Hook(self.fetch_all)))
 
     # -- callbacks ------------------------------------------------------------
     def _allocate(self, ctx, slot, nbytes, addr):

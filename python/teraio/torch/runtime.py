@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
 from .. import _lib as L
 from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
-from ._ids import StorageIds, global_tensors, iter_tensors
+from ._ids import Hook, StorageIds, global_tensors, iter_tensors
 from .profiler import kernel_name, sequence_fingerprint
 
 log = logging.getLogger("teraio")
@@ -281,11 +281,11 @@ class OffloadRuntime:
         self._curve: list[int] | None = None
         self._rss_curve: list[int] | None = None
         self._stats = L.RuntimeStats()
-        self._hooks = [model.register_state_dict_pre_hook(lambda *a: self._before_state_dict())]
+        self._hooks = [model.register_state_dict_pre_hook(Hook(self._before_state_dict))]
         if optimizer is not None:
-            self._hooks += [optimizer.register_state_dict_pre_hook(lambda *a: self._before_state_dict()),
-                            optimizer.register_load_state_dict_post_hook(lambda *a: self._after_load())]
-        self._hooks.append(model.register_load_state_dict_post_hook(lambda *a: self._after_load()))
+            self._hooks += [optimizer.register_state_dict_pre_hook(Hook(self._before_state_dict)),
+                            optimizer.register_load_state_dict_post_hook(Hook(self._after_load))]
+        self._hooks.append(model.register_load_state_dict_post_hook(Hook(self._after_load)))
         self._guard_on()  # tensors the pager handed over stored are away already
 
     # -- callbacks from the C runtime (run on this thread) --------------------
