@@ -138,6 +138,9 @@ TIO_API bool tio_pager_is_resident(const tio_pager *p, uint32_t slot);
  * out pointers), -EPERM. */
 TIO_API int tio_pager_detach(tio_pager *p, uint32_t slot, bool *resident, tio_extent *extent);
 
+/* The pager's counters (tio_pager_stats: bytes, ns, counts) copied into
+ * *out; capacity_bytes is the capacity in force now.  Nothing happens when
+ * p or out is NULL.  Owner thread (not checked: no error to return). */
 TIO_API void tio_pager_get_stats(const tio_pager *p, tio_pager_stats *out);
 
 #ifdef __cplusplus

@@ -85,11 +85,12 @@ def test_options_are_checked_when_the_session_is_made(tmp_path, compile, option,
                              **{option: value}, **kw)
 
 
-class _StubDriver(Session):
-    """A driver whose every profiled step plans one small real trace, keyed
-    by what the test says the step ran: the session's own cache rule."""
+class _KeyedDriver(Session):
+    """A driver whose steps run the sequence the test names (`keys`), each
+    profiled one planned from the same small real trace: what remains is the
+    session's own cache and re-profile rules."""
 
-    mode = "stub"
+    mode = "keyed"
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -103,7 +104,7 @@ class _StubDriver(Session):
         return self.keys.pop(0), None
 
     def _plan_profile(self, key, profile, capacity_of):
-        trace = Trace.build("stub", [(4096, "parameter", True, "w"), (8192, "activation", False, None)],
+        trace = Trace.build("keyed", [(4096, "parameter", True, "w"), (8192, "activation", False, None)],
                             [("a", 1000, [(0, 1), (1, 2)]), ("b", 1000, [(0, 1)]), ("c", 1000, [(1, 1)])])
         lt = Lifetime(trace)
         cap = capacity_of(lt)
@@ -111,7 +112,7 @@ class _StubDriver(Session):
 
     def _make_runtime(self, entry):
         self.made.append(entry.key)
-        return _StubRuntime()
+        return _NullRuntime()
 
     def _run_begin(self):
         pass
@@ -120,7 +121,8 @@ class _StubDriver(Session):
         return self.keys.pop(0), True
 
 
-class _StubRuntime:
+class _NullRuntime:
+    """A runtime that moves nothing and counts nothing."""
     _p = None
 
     def stats(self):
@@ -137,7 +139,7 @@ def test_plan_cache_trimming_is_the_sessions_one_rule(tmp_path):
         for name in ("_plan", "_after", "_use", "_expected_after", "report", "close", "_enter", "_exit"):
             assert getattr(driver, name) is getattr(Session, name), (driver, name)
     model, opt = _model()
-    s = _StubDriver(model, opt, capacity=1.0, ssd=[str(tmp_path)], profile_iterations=1, reprofile_after=1,
+    s = _KeyedDriver(model, opt, capacity=1.0, ssd=[str(tmp_path)], profile_iterations=1, reprofile_after=1,
                     max_plans=2, ssd_gbps=(1.0, 1.0))
 
     def step(key):
@@ -295,14 +297,7 @@ def test_a_failed_replan_keeps_the_previous_plan(tmp_path, caplog):
     g = torch.Generator().manual_seed(1)
     sizes = [32, 32, 32, 64, 64, 64, 32, 32]
     data = [torch.randn(b, 64, generator=g) for b in sizes]
-
-    def step(m, o, x):
-        o.zero_grad()
-        loss = (m(x) ** 2).mean()
-        loss.backward()
-        o.step()
-        return loss.item()
-
+    step = _mlp_step
     m, o = job()
     plain = [step(m, o, x) for x in data]
     m, o = job()
@@ -343,14 +338,7 @@ def test_numpy_and_pickling_while_profiled_steps_page(tmp_path):
 
     g = torch.Generator().manual_seed(1)
     data = [torch.randn(128, 64, generator=g) for _ in range(6)]
-
-    def step(m, o, x):
-        o.zero_grad()
-        loss = m(x).square().mean()
-        loss.backward()
-        o.step()
-        return loss.item()
-
+    step = _mlp_step
     m, o = job()
     plain = [step(m, o, x) for x in data]
     m, o = job()
@@ -361,8 +349,8 @@ def test_numpy_and_pickling_while_profiled_steps_page(tmp_path):
             got.append(step(m, o, x))
         if i == 0:
             float(m[0].weight.detach().numpy().sum())  # the weight's storage is numpy's now too
-        torch.save(m, io.BytesIO())                     # the whole module, hooks included
-    copy = torch.load(io.BytesIO(_saved(m)), weights_only=False)
+        saved = _saved(m)                               # the whole module, hooks included
+    copy = torch.load(io.BytesIO(saved), weights_only=False)
     assert all(torch.equal(p, q) for p, q in zip(copy.parameters(), m.parameters()))
     off.close()
     assert got == plain
@@ -373,3 +361,13 @@ def _saved(m) -> bytes:
     buf = io.BytesIO()
     torch.save(m, buf)
     return buf.getvalue()
+
+
+def _mlp_step(m, o, x) -> float:
+    """One training step of the MLP jobs above: the mean square of the output."""
+    o.zero_grad()
+    loss = (m(x) ** 2).mean()
+    loss.backward()
+    o.step()
+    return loss.item()
+

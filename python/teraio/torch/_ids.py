@@ -20,6 +20,7 @@ import weakref
 from typing import Callable, Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 _Tensor = torch.Tensor
@@ -153,4 +154,22 @@ class Hook:
 
     def __reduce__(self):
         return (Hook, ())
+
+
+class FetchGuard(TorchDispatchMode):
+    """Between steps: before any operator runs, `fetch(storage)` is called
+    for each storage it reads, so that what teraio moved away (the runtime's
+    offloaded tensors, the pager's evicted ones) is back first.  `fetch`
+    does nothing for a storage its owner does not hold away, or while a step
+    runs."""
+
+    def __init__(self, fetch: Callable):
+        super().__init__()
+        self.fetch = fetch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for t in iter_tensors((args, kwargs)):
+            self.fetch(t.untyped_storage())
+        return func(*args, **kwargs)
 

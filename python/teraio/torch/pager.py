@@ -27,29 +27,11 @@ from __future__ import annotations
 import ctypes
 import weakref
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode, _push_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
 
 from .. import _lib as L
 from ..core import Engine
-from ._ids import Hook, iter_tensors
-
-
-class _Guard(TorchDispatchMode):
-    """Between steps: an operator that reads an evicted storage gets it back
-    first."""
-
-    def __init__(self, pager: "Pager"):
-        super().__init__()
-        self.pager = pager
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        p = self.pager
-        if p._p and not p.in_step:
-            for t in iter_tensors((args, kwargs)):
-                p.fetch(t.untyped_storage())
-        return func(*args, **kwargs)
+from ._ids import FetchGuard, Hook
 
 
 class Pager:
@@ -71,7 +53,7 @@ class Pager:
         self._p = ctypes.c_void_p()
         L.check(L.tio_pager_create(engine._p, capacity_bytes, capacity_share, ctypes.byref(self._cbs),
                                    ctypes.byref(self._p)))
-        self._guard = _Guard(self)
+        self._guard = FetchGuard(self._guard_fetch)
         self._guard_pushed = False
         self._hooks = []
         for obj in (model, optimizer):
@@ -150,6 +132,10 @@ class Pager:
             self.track(st)
         else:
             L.check(L.tio_pager_use(self._p, slot, None))
+
+    def _guard_fetch(self, st) -> None:
+        if self._p and not self.in_step:
+            self.fetch(st)
 
     def fetch(self, st) -> None:
         """Bring `st` back if it is evicted (outside a step: no capacity)."""

@@ -62,7 +62,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
 from .. import _lib as L
 from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
-from ._ids import Hook, StorageIds, global_tensors, iter_tensors
+from ._ids import FetchGuard, Hook, StorageIds, global_tensors, iter_tensors
 from .profiler import kernel_name, sequence_fingerprint
 
 log = logging.getLogger("teraio")
@@ -170,24 +170,6 @@ def _engine_takes_cuda(engine: Engine) -> bool:
     return False
 
 
-class _Guard(TorchDispatchMode):
-    """Between iterations: an operator that reads an offloaded tensor (a
-    parameter norm, gradient clipping, a plain step, an eval pass) gets it
-    fetched first."""
-
-    def __init__(self, rt: "OffloadRuntime"):
-        super().__init__()
-        self.rt = rt
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        rt = self.rt
-        if rt._p and not rt._in_iteration:
-            for t in iter_tensors((args, kwargs)):
-                rt._fetch_outside(t.untyped_storage())
-        return func(*args, **kwargs)
-
-
 def _trace_globals_by_name(trace: Trace) -> dict[str, int] | None:
     """Trace id of each global tensor by name, or None when some global
     tensor has no name (a trace not made by Profiler): then ids follow
@@ -276,7 +258,7 @@ class OffloadRuntime:
             self._bind_globals(pager)
         self._ids.n_global = self._ids.next_id
         self._mode = _Mode(self)
-        self._guard = _Guard(self)
+        self._guard = FetchGuard(self._guard_fetch)
         self._guard_pushed = False
         self._curve: list[int] | None = None
         self._rss_curve: list[int] | None = None
@@ -492,6 +474,13 @@ class OffloadRuntime:
         L.check(rc)
 
     # -- between iterations ---------------------------------------------------
+    def _guard_fetch(self, st) -> None:
+        """The guard between iterations (an operator that reads an offloaded
+        tensor: a parameter norm, gradient clipping, a plain step, an eval
+        pass): fetch it first."""
+        if self._p and not self._in_iteration:
+            self._fetch_outside(st)
+
     def _fetch_outside(self, st) -> None:
         i = self._ids.by_key.get(st._cdata)
         if i is None:

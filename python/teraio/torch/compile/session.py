@@ -78,7 +78,8 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from ... import _lib as L
 from ...core import Lifetime, Trace
-from ..runtime import OffloadRuntime, _Guard
+from .._ids import FetchGuard
+from ..runtime import OffloadRuntime
 from ..session import NoPlan, Session, Unplannable
 from . import ops
 from .graph import GraphInfo
@@ -122,7 +123,7 @@ class _RegionFn:
         return s._run_region(self.info, args)
 
 
-class _CompiledGuard(_Guard):
+class _CompiledGuard(FetchGuard):
     """OffloadRuntime's guard between iterations (an operator that reads an
     offloaded tensor fetches it first), transparent to torch.compile:
     Dynamo compiles and runs compiled code under it."""
@@ -142,7 +143,7 @@ class _GraphRuntime(OffloadRuntime):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._mode = contextlib.nullcontext()
-        self._guard = _CompiledGuard(self)
+        self._guard = _CompiledGuard(self._guard_fetch)
 
     def bind(self, i: int, st) -> bool:
         """Bind storage `st` to id `i` unless it is (a released storage is
