@@ -106,6 +106,14 @@ TIO_API int tio_pager_kernel_begin(tio_pager *p);
  * tensor is tracked all the same, and the memory stays resident). */
 TIO_API int tio_pager_track(tio_pager *p, void *addr, uint64_t bytes, bool movable, uint32_t *slot);
 
+/* Track a tensor whose memory is released and whose bytes are stored in
+ * `extent` of the pager's engine (a tensor the plan's runtime offloaded,
+ * handed over with tio_runtime_tensor_detach when an iteration leaves its
+ * plan): it is evicted, and the pager owns the extent from now on.  It comes
+ * back on its next tio_pager_use.  Returns 0, -EINVAL (NULL extent or slot,
+ * bytes 0, an extent smaller than bytes), -EPERM, -ENOMEM. */
+TIO_API int tio_pager_track_stored(tio_pager *p, uint64_t bytes, const tio_extent *extent, uint32_t *slot);
+
 /* The tensor of `slot` died (the framework freed it): forgotten, its
  * stored copy's space returned; the slot may be handed out again.  Returns
  * 0, -EINVAL (no such slot), -EPERM. */

@@ -169,6 +169,18 @@ TIO_API int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor);
 TIO_API int tio_runtime_tensor_bind_stored(tio_runtime *rt, uint32_t tensor, uint64_t bytes,
                                            const tio_extent *extent);
 
+/* Hand bound tensor `tensor` over to its next owner (the pager, with
+ * tio_pager_track_stored, when an iteration leaves its plan and the
+ * capacity is kept on demand): its I/O is waited for, a copy on the host
+ * tier is read back first, and the tensor is unbound without freeing an SSD
+ * copy.  *resident says whether its memory is held; if not, *extent is the
+ * engine extent holding its bytes, which the caller now owns (free it with
+ * tio_engine_free when done).  Returns 0, TIO_EUNKNOWN (not bound), -EINVAL
+ * (NULL out pointers), -EPERM (another thread), or an error of its I/O
+ * (the tensor stays bound). */
+TIO_API int tio_runtime_tensor_detach(tio_runtime *rt, uint32_t tensor, bool *resident,
+                                      tio_extent *extent);
+
 /* Start of a training iteration (kernel index restarts at 0).  The first
  * call also puts tensors where the plan's steady state has them at kernel 0:
  * a tensor whose wrap-around period has it on SSD/host across the iteration

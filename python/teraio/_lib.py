@@ -310,6 +310,8 @@ tio_runtime_fetch_all = _fn("tio_runtime_fetch_all", c_int, c_void_p)
 tio_runtime_get_stats = _fn("tio_runtime_get_stats", None, c_void_p, POINTER(RuntimeStats))
 tio_runtime_tensor_bind_stored = _fn("tio_runtime_tensor_bind_stored", c_int, c_void_p, c_uint32, c_uint64,
                                      POINTER(Extent))
+tio_runtime_tensor_detach = _fn("tio_runtime_tensor_detach", c_int, c_void_p, c_uint32, POINTER(c_bool),
+                                POINTER(Extent))
 
 
 class PagerCallbacks(Structure):
@@ -332,6 +334,8 @@ tio_pager_destroy = _fn("tio_pager_destroy", None, c_void_p)
 tio_pager_set_capacity = _fn("tio_pager_set_capacity", c_int, c_void_p, c_uint64, c_double)
 tio_pager_kernel_begin = _fn("tio_pager_kernel_begin", c_int, c_void_p)
 tio_pager_track = _fn("tio_pager_track", c_int, c_void_p, c_void_p, c_uint64, c_bool, POINTER(c_uint32))
+tio_pager_track_stored = _fn("tio_pager_track_stored", c_int, c_void_p, c_uint64, POINTER(Extent),
+                             POINTER(c_uint32))
 tio_pager_forget = _fn("tio_pager_forget", c_int, c_void_p, c_uint32)
 tio_pager_use = _fn("tio_pager_use", c_int, c_void_p, c_uint32, POINTER(c_void_p))
 tio_pager_reserve = _fn("tio_pager_reserve", c_int, c_void_p, c_uint64)

@@ -305,6 +305,26 @@ int tio_pager_track(tio_pager *p, void *addr, uint64_t bytes, bool movable, uint
     return make_room(p, 0);
 }
 
+int tio_pager_track_stored(tio_pager *p, uint64_t bytes, const tio_extent *extent, uint32_t *slot)
+{
+    int rc = check_thread(p, "tio_pager_track_stored");
+    if (rc < 0)
+        return rc;
+    if (!extent || !slot || bytes == 0 || extent->bytes < bytes)
+        return tio_fail(-EINVAL, "pager_track_stored: a stored tensor needs bytes > 0, an extent of at "
+                        "least that many bytes and a slot pointer");
+    uint32_t s = NONE;
+    if ((rc = new_slot(p, &s)) < 0)
+        return rc;
+    p->slots[s] = (pg_slot){.bytes = bytes, .epoch = 0, .extent = *extent, .prev = NONE, .next = NONE,
+                            .used = true, .resident = false, .movable = true, .has_extent = true};
+    p->stats.tracked_bytes += bytes;
+    if (p->stats.tracked_bytes > p->stats.peak_tracked_bytes)
+        p->stats.peak_tracked_bytes = p->stats.tracked_bytes;
+    *slot = s;
+    return 0;
+}
+
 int tio_pager_forget(tio_pager *p, uint32_t slot)
 {
     int rc = check_thread(p, "tio_pager_forget");

@@ -598,6 +598,39 @@ static int unbind(tio_runtime *rt, uint32_t id)
     return rc;
 }
 
+int tio_runtime_tensor_detach(tio_runtime *rt, uint32_t tensor, bool *resident, tio_extent *extent)
+{
+    if (!rt)
+        return tio_fail(-EINVAL, "runtime_tensor_detach: runtime is NULL");
+    int rc = check_thread(rt, "tio_runtime_tensor_detach");
+    if (rc == 0)
+        rc = check_bound(rt, tensor);
+    if (rc < 0)
+        return rc;
+    if (!resident || !extent)
+        return tio_fail(-EINVAL, "runtime_tensor_detach: resident and extent are required");
+    rt_tensor *t = &rt->tensors[tensor];
+    if ((rc = rt_wait_io(rt, tensor, NULL)) < 0)
+        return rc;
+    /* A failed write left the tensor resident: its error no longer matters.
+     * A failed read left it offloaded with its copy intact. */
+    rt_clear_pending_error(t);
+    if (t->state == TENSOR_OFFLOADED && t->stored == TIO_TIER_HOST) {
+        uint64_t waited_ns;
+        if ((rc = make_resident(rt, tensor, IO_READ_DEMAND, &waited_ns)) < 0)
+            return rc;
+    }
+    if (t->state == TENSOR_OFFLOADING)
+        t->state = TENSOR_RESIDENT;
+    memset(extent, 0, sizeof *extent);
+    *resident = t->state != TENSOR_OFFLOADED;
+    if (!*resident) {
+        *extent = t->extent;
+        t->has_extent = false; /* the caller owns it now */
+    }
+    return unbind(rt, tensor);
+}
+
 int tio_runtime_tensor_unbind(tio_runtime *rt, uint32_t tensor)
 {
     if (!rt)

@@ -280,6 +280,78 @@ static void test_evicted_tensor_is_handed_over_to_a_runtime(void **state)
     tio_trace_destroy(tr);
 }
 
+/* An iteration that leaves its plan hands the runtime's tensors to a pager
+ * (tio_runtime_tensor_detach, tio_pager_track_stored): an offloaded one
+ * with its stored copy, nothing read; a resident one as it is.  The pager
+ * brings the stored one back byte for byte on its next use. */
+static void test_a_runtime_hands_its_tensors_to_a_pager(void **state)
+{
+    fixture *f = *state;
+    make_pager(f, 2 * KB, 0);
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    track(f, 0, 2);
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    track(f, 1, 2); /* evicts tensor 0 */
+    bool resident = true;
+    tio_extent ext;
+    assert_int_equal(tio_pager_detach(f->p, f->slot[0], &resident, &ext), 0);
+    assert_false(resident);
+
+    tio_trace *tr;
+    uint32_t id;
+    assert_int_equal(tio_trace_create("handback", &tr), 0);
+    assert_int_equal(tio_trace_add_tensor(tr, 2 * KB, TIO_KIND_PARAMETER, true, "w", &id), 0);
+    assert_int_equal(tio_trace_add_tensor(tr, 2 * KB, TIO_KIND_PARAMETER, true, "v", &id), 0);
+    assert_int_equal(tio_trace_add_kernel(tr, "k", 1000), 0);
+    assert_int_equal(tio_trace_add_access(tr, 0, TIO_ACCESS_READ), 0);
+    assert_int_equal(tio_trace_add_access(tr, 1, TIO_ACCESS_READ), 0);
+    tio_plan plan = {.n_kernels = 1, .n_tensors = 2, .capacity_bytes = 8 * KB};
+    tio_runtime_callbacks cb = {.ctx = f, .allocate = rt_allocate, .release = rt_release};
+    tio_runtime *rt;
+    assert_int_equal(tio_runtime_create(&plan, tr, f->engine, &cb, &rt), 0);
+    assert_int_equal(tio_runtime_tensor_bind_stored(rt, 0, 2 * KB, &ext), 0);
+    uint32_t s1 = f->slot[1];
+    assert_int_equal(tio_pager_detach(f->p, s1, &resident, &ext), 0);
+    assert_true(resident);
+    assert_int_equal(tio_runtime_tensor_bind(rt, 1, f->m.mem[1], 2 * KB), 0);
+
+    /* bad calls: not bound, NULL out pointers */
+    assert_int_equal(tio_runtime_tensor_detach(rt, 0, NULL, &ext), -EINVAL);
+    assert_int_equal(tio_runtime_tensor_detach(rt, 7, &resident, &ext), TIO_EUNKNOWN);
+
+    tio_extent got;
+    assert_int_equal(tio_runtime_tensor_detach(rt, 0, &resident, &got), 0);
+    assert_false(resident);
+    assert_true(got.bytes >= 2 * KB);
+    assert_int_equal(tio_runtime_tensor_detach(rt, 0, &resident, &got), TIO_EUNKNOWN); /* unbound now */
+    uint32_t s;
+    assert_int_equal(tio_pager_track_stored(f->p, 2 * KB, NULL, &s), -EINVAL);
+    assert_int_equal(tio_pager_track_stored(f->p, 4 * KB, &got, &s), -EINVAL); /* extent too small */
+    assert_int_equal(tio_pager_track_stored(f->p, 2 * KB, &got, &s), 0);
+    f->slot[0] = s;
+    f->tensor_of[s] = 0;
+    assert_false(tio_pager_is_resident(f->p, s));
+    assert_int_equal(tio_runtime_tensor_detach(rt, 1, &resident, &got), 0);
+    assert_true(resident);
+    assert_int_equal(got.bytes, 0);
+    assert_int_equal(tio_pager_track(f->p, f->m.mem[1], 2 * KB, true, &s), 0);
+    f->slot[1] = s;
+    f->tensor_of[s] = 1;
+    tio_runtime_destroy(rt);
+    tio_trace_destroy(tr);
+
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    assert_int_equal(tio_pager_use(f->p, f->slot[0], NULL), 1); /* fetched: tensor 1 goes */
+    assert_true(intact(f, 0));
+    assert_false(tio_pager_is_resident(f->p, f->slot[1]));
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    assert_int_equal(tio_pager_use(f->p, f->slot[1], NULL), 1);
+    assert_true(intact(f, 1));
+    tio_pager_stats st = stats_of(f);
+    assert_int_equal(st.tracked_bytes, 4 * KB);
+    assert_int_equal(st.resident_bytes, 2 * KB);
+}
+
 /* A tensor the framework cannot release (a PyTorch storage shared with
  * numpy) stays resident and is never a candidate again; the next least
  * recently used one goes instead. */
@@ -364,6 +436,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_kernel_over_the_capacity_is_counted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_capacity_as_a_share_of_the_peak_seen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_evicted_tensor_is_handed_over_to_a_runtime, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_runtime_hands_its_tensors_to_a_pager, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_calls_are_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_tensor_that_cannot_be_released_stays, setup, teardown),
     };

@@ -92,7 +92,8 @@ def test_divergence_falls_back_to_on_demand_and_stays_correct(ssd_dir):
     stats = rt.stats()
     rt.close()
     assert stats["diverged"]
-    assert stats["stalls"] > 0  # offloaded tensors were fetched on demand
+    # the rest of the iteration ran under the pager: offloaded tensors came back on demand
+    assert stats["paged_kernels"] > 0 and stats["paged_fetches"] > 0, stats
     assert losses == ref_losses
 
 

@@ -51,7 +51,7 @@ class EagerSession(Session):
     def __init__(self, model, optimizer=None, capacity=0.5, ssd=None, **options):
         super().__init__(model, optimizer, capacity, ssd, **options)
         self._pager: Pager | None = None
-        self._totals_pager: dict | None = None
+        self._profiling: dict | None = None  # the counters of the pagers that are gone
         self._pager_off = self._why_no_pager()
         self._prof: Profiler | None = None
         self._cm = None
@@ -71,18 +71,59 @@ class EagerSession(Session):
     def _profile_next(self) -> None:
         """The next step is profiled: within the capacity, under a pager,
         where it can be; with everything resident (said once) where not.
-        A re-profile after plans were made holds everything (the runtime
-        brought its tensors back when it closed)."""
+        A re-profile after plans were made takes over the pager the last
+        runtime handed its tensors to (_retire_runtime), so it keeps the
+        capacity too."""
         pager = None
-        if self._pager_off is None and not self._plans:
+        if self._pager_off is None:
             if isinstance(self.capacity, float):
                 cap_bytes, share = 0, self.capacity
             else:
                 cap_bytes, share = self.capacity, 0.0
-            pager = self._pager = Pager(self._engine_for_profiling(), cap_bytes, share, self.model, self.optimizer)
-        elif self._pager_off is not None and not self._plans:
+            if self._pager is None:
+                self._pager = Pager(self._engine_for_profiling(), cap_bytes, share, self.model, self.optimizer)
+            else:
+                self._pager.set_capacity(cap_bytes, share)
+            pager = self._pager
+        elif not self._plans:
             log.info("teraio: the profiled steps hold all their memory (%s)", self._pager_off)
         self._prof = Profiler(self.model, self.optimizer, name=self.name, pager=pager)
+
+    def _retire_runtime(self) -> None:
+        """Hand the runtime's tensors to a pager where they are (an
+        offloaded one keeps its stored copy): the next runtime, or the
+        profiled steps of a new sequence, take them from there, so nothing
+        is brought back between steps beyond the capacity."""
+        rt = self._rt
+        if rt is None or self._pager_off is not None or rt.engine is None or self._pager is not None:
+            super()._retire_runtime()
+            return
+        stats = rt.stats()
+        self._add(self._totals, stats)
+        pager = Pager(rt.engine, max(1, stats["capacity_bytes"]), 0.0, self.model, self.optimizer)
+        try:
+            rt.handover(pager)
+        except BaseException:
+            pager.close()
+            raise
+        finally:
+            rt.close()  # binds nothing now (or, after a failed handover, brings the rest back)
+            self._rt, self._entry = None, None
+        self._pager = pager
+        pager._guard_on()
+
+    def _add_profiling(self, pager: Pager) -> None:
+        """Keep the counters of a pager that goes."""
+        st = pager.stats()
+        if self._profiling is None:
+            self._profiling = st
+            return
+        for k, v in st.items():
+            if k in ("peak_resident_bytes", "peak_tracked_bytes", "over_capacity_bytes_max",
+                     "peak_process_rss_bytes", "capacity_bytes"):
+                self._profiling[k] = max(self._profiling[k], v)
+            elif k not in ("resident_bytes", "tracked_bytes"):
+                self._profiling[k] += v
 
     def _engine_busy(self) -> bool:
         return self._pager is not None
@@ -125,16 +166,22 @@ class EagerSession(Session):
                                   staging=self.staging, safe=self.safe, pager=pager)
         finally:
             if pager is not None:
-                self._totals_pager = pager.stats()
+                self._add_profiling(pager)
                 pager.close()
 
     def _profile_report(self) -> dict:
-        stats = self._pager.stats() if self._pager is not None else self._totals_pager
-        return {"profiling": stats}
+        """The pagers' counters of the profiled steps: counts summed, peaks
+        the largest."""
+        if self._pager is None:
+            return {"profiling": self._profiling}
+        saved = dict(self._profiling) if self._profiling else None
+        self._add_profiling(self._pager)
+        out, self._profiling = self._profiling, saved
+        return {"profiling": out}
 
     def _close_driver(self) -> None:
         if self._pager is not None:
-            self._totals_pager = self._pager.stats()
+            self._add_profiling(self._pager)
             self._pager.close()
             self._pager = None
 

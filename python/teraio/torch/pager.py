@@ -120,6 +120,29 @@ class Pager:
         L.check(rc)
         return slot
 
+    def track_stored(self, st, nbytes: int, extent, is_global: bool = False) -> int:
+        """Track storage `st`, whose memory is released and whose bytes are
+        in `extent` of the engine (a tensor the plan's runtime offloaded;
+        the pager owns the extent now); its slot."""
+        s = ctypes.c_uint32()
+        rc = L.tio_pager_track_stored(self._p, nbytes, ctypes.byref(extent), ctypes.byref(s))
+        if rc < 0:
+            L.tio_engine_free(self.engine._p, ctypes.byref(extent))
+            L.check(rc)
+        slot = s.value
+        key = st._cdata
+        self._slot[key] = slot
+        self._storage[slot] = weakref.ref(st)
+        self._bytes[slot] = nbytes
+        if is_global:
+            self._global.add(slot)
+        weakref.finalize(st, self._died, key, slot)
+        return slot
+
+    def make_room(self) -> None:
+        """Evict until the capacity holds (what the current kernel uses stays)."""
+        L.check(L.tio_pager_reserve(self._p, 0))
+
     def nbytes(self, st) -> int:
         """`st`'s bytes, evicted or not."""
         slot = self._slot.get(st._cdata)
@@ -152,10 +175,11 @@ class Pager:
     def set_capacity(self, capacity_bytes: int, capacity_share: float = 0.0) -> None:
         L.check(L.tio_pager_set_capacity(self._p, capacity_bytes, capacity_share))
 
-    def end_step(self, global_storages=()) -> None:
+    def end_step(self, global_storages=(), guard: bool = True) -> None:
         """The step is over: `global_storages` (parameters, gradients,
         optimizer state, some of them made in this step) stay where they are,
-        and the guard fetches them for operators between steps; every other
+        and the guard fetches them for operators between steps (unless
+        `guard` is false: their next owner takes them over now); every other
         storage still alive comes back and is forgotten (the program owns it)."""
         self.drain()
         for st in global_storages:
@@ -172,7 +196,8 @@ class Pager:
             self._bytes.pop(slot, None)
             L.check(L.tio_pager_forget(self._p, slot))
         self.in_step = False
-        self._guard_on()
+        if guard:
+            self._guard_on()
 
     def begin_step(self) -> None:
         self._guard_off()

@@ -28,11 +28,19 @@ What is bound to a trace id, and when:
   makes every one still alive resident and unbinds it (the user's input
   batch, the loss).
 
-If the operator sequence leaves the profiled one, the C runtime says so
-(log) and stops planned migrations for that iteration; tensors already
-offloaded are fetched on demand, and storages made after that point are
-counted against the capacity without being moved, so results stay correct
-and the memory is still measured.
+If the operator sequence leaves the profiled one (an eval step, another
+sequence length, a plan guessed wrong), the C runtime says so (log) and
+stops planned migrations for that iteration.  The rest of the iteration
+keeps the capacity on demand: every bound tensor, with its stored copy if it
+is offloaded, is handed to a pager (teraio.torch.pager, libteraio's
+pager.h), which from then on sees every operator, evicts the least recently
+used storages the operator does not use whenever the resident bytes would
+exceed the capacity, and fetches what an operator uses.  At the iteration's
+end the intermediate storages come back (the program owns them) and the
+global tensors return to the runtime where the pager left them: an evicted
+one stays on the SSD until the plan wants it.  Without an engine (a plan
+with nothing on the SSD) storages made after the divergence are only
+counted.
 
 Between iterations (safe mode, the default) a second dispatch mode stays on
 the mode stack: any operator touching an offloaded tensor fetches it first
@@ -63,6 +71,7 @@ from .. import _lib as L
 from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
 from ._ids import FetchGuard, Hook, StorageIds, global_tensors, iter_tensors
+from .pager import Pager
 from .profiler import kernel_name, sequence_fingerprint
 
 log = logging.getLogger("teraio")
@@ -78,6 +87,12 @@ _YIELD_BUDGET_S = 0.01
 
 
 _PAGE = None
+
+# The pager counters of diverged iterations that stats() reports (as paged_<name>),
+# summed or the largest; over_capacity_* and the peaks also join the runtime's own.
+_PAGED_SUMS = ("kernels", "evictions", "bytes_evicted", "fetches", "bytes_fetched", "io_ns",
+               "over_capacity_kernels")
+_PAGED_MAXES = ("peak_resident_bytes", "over_capacity_bytes_max", "peak_process_rss_bytes")
 
 
 def _rss_bytes() -> int:
@@ -121,6 +136,8 @@ class _Mode(TorchDispatchMode):
         if name is None:
             return func(*args, **kwargs)
         rt = self.rt
+        if rt._paging is not None:
+            return rt._paged_kernel(func, args, kwargs, name)
         rt._drain_deaths()
         k = rt.k
         rt.k += 1
@@ -130,6 +147,8 @@ class _Mode(TorchDispatchMode):
                 rt._let_threads_free(k, held)
             if L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode())) == 1:
                 rt.diverged = True
+                if rt._start_paging():
+                    return rt._paged_kernel(func, args, kwargs, name)
         for t in iter_tensors((args, kwargs)):
             rt._use(t.untyped_storage())
         out = func(*args, **kwargs)
@@ -142,10 +161,7 @@ class _Mode(TorchDispatchMode):
                 rt._new(st)
         rt._signature.append((name, tuple(sizes)))
         if rt._curve is not None:
-            L.tio_runtime_get_stats(rt._p, ctypes.byref(rt._stats))
-            rt._curve.append(rt._stats.resident_bytes)
-            if rt._rss_curve is not None:
-                rt._rss_curve.append(_rss_bytes())
+            rt._note_curve()
         return out
 
 
@@ -219,6 +235,12 @@ class OffloadRuntime:
         self._deaths: list[tuple[int, int]] = []
         self._bound: dict[int, tuple[int, weakref.ref]] = {}  # id -> (storage key, storage)
         self._untracked: dict[int, int] = {}      # storage key -> bytes (see _account)
+        self._untracked_refs: dict[int, weakref.ref] = {}  # storage key -> storage
+        self._paging: Pager | None = None  # keeps the capacity for the rest of a diverged iteration
+        # The capacity a diverged iteration keeps (bytes; 0: the plan's).  A session whose
+        # capacity is a share sets the largest of its plans' (the share of the largest peak known).
+        self.paging_capacity = 0
+        self._paged = {k: 0 for k in _PAGED_SUMS + _PAGED_MAXES}  # its counters, summed
         self._untracked_freed = 0
         self._signature: list = []
         self._held_known = 0
@@ -406,26 +428,139 @@ class OffloadRuntime:
     def _new(self, st) -> None:
         """Storage `st` is first seen in this iteration (made by an operator,
         or the program's own, like its input batch): it takes the next id if
-        the runtime agrees it is that tensor of the trace, else it is counted
-        as untracked memory."""
+        the runtime agrees it is that tensor of the trace; if not, the
+        iteration diverged and the pager takes it (or, without one, it is
+        counted as untracked memory)."""
         nbytes = st.nbytes()
         if not nbytes or st._cdata in self._untracked:
+            return
+        if self._paging is not None:
+            self._paging.track(st)
             return
         if not self.diverged:
             if self._bind(self._ids.assign(st), st):
                 return
             self.diverged = True
+            if self._start_paging():
+                self._paging.track(st)
+                return
         self._account(st, nbytes)
 
     def _account(self, st, nbytes: int) -> None:
         """Memory the plan does not manage: counted, never moved."""
         key = st._cdata
         self._untracked[key] = nbytes
+        self._untracked_refs[key] = weakref.ref(st)
         weakref.finalize(st, self._untracked_died, key)
         L.check(L.tio_runtime_account_untracked(self._p, nbytes))
 
     def _untracked_died(self, key: int) -> None:
+        self._untracked_refs.pop(key, None)
         self._untracked_freed += self._untracked.pop(key, 0)
+
+    # -- a diverged iteration: the capacity kept on demand --------------------
+    def _note_curve(self) -> None:
+        L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
+        resident = self._stats.resident_bytes
+        if self._paging is not None:
+            resident += self._paging.stats()["resident_bytes"]
+        self._curve.append(resident)
+        if self._rss_curve is not None:
+            self._rss_curve.append(_rss_bytes())
+
+    def handover(self, pager: Pager, untracked: bool = False) -> None:
+        """Give every bound tensor to `pager`: an offloaded one with its
+        stored copy (so nothing is read back), a resident one as it is; with
+        `untracked`, the storages only counted too.  The runtime binds
+        nothing afterwards (until _take_back)."""
+        self._drain_deaths()
+        # Stored copies first: they need no memory.
+        order = sorted(self._bound, key=lambda i: L.tio_runtime_is_resident(self._p, i))
+        for i in order:
+            _key, ref = self._bound.pop(i)
+            self._released.discard(i)
+            resident, ext = ctypes.c_bool(), L.Extent()
+            L.check(L.tio_runtime_tensor_detach(self._p, i, ctypes.byref(resident), ctypes.byref(ext)))
+            st = ref()
+            is_global = i < self._ids.n_global
+            if st is None:  # died since the drain
+                if not resident.value:
+                    L.tio_engine_free(self.engine._p, ctypes.byref(ext))
+            elif resident.value:
+                pager.track(st, is_global=is_global)
+            else:
+                pager.track_stored(st, self.trace.tensor_bytes(i), ext, is_global=is_global)
+        if untracked and self._untracked:
+            total = 0
+            for key, ref in list(self._untracked_refs.items()):
+                st = ref()
+                if st is not None:
+                    pager.track(st)
+                total += self._untracked.pop(key, 0)
+            self._untracked_refs.clear()
+            self._untracked.clear()
+            L.check(L.tio_runtime_account_untracked(self._p, -total))
+
+    def _take_back(self, pager: Pager) -> None:
+        """The global tensors `pager` holds come back under the plan, where
+        the pager left them (an evicted one with its stored copy)."""
+        if self._by_name is not None:
+            self._bind_globals(pager)
+            return
+        for t, _kind, _name in global_tensors(self.model, self.optimizer):
+            st = t.untyped_storage()
+            i = self._ids.by_key.get(st._cdata)
+            if i is None or i >= self._ids.n_global:
+                continue
+            got = pager.detach(st)
+            if got is None:
+                continue
+            if got[0]:
+                self._bind(i, st)
+            else:
+                self._bind_stored(i, st, got[1])
+
+    def _start_paging(self) -> bool:
+        """The iteration diverged: from now on a pager keeps the capacity
+        (module text).  False where there is no engine to evict to."""
+        if self.engine is None:
+            return False
+        L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
+        pager = Pager(self.engine, max(1, self.paging_capacity or self._stats.capacity_bytes))
+        pager.begin_step()
+        self.handover(pager, untracked=True)
+        self._paging = pager
+        return True
+
+    def _paged_kernel(self, func, args, kwargs, name):
+        """One operator of a diverged iteration, under the pager."""
+        pager = self._paging
+        pager.kernel_begin()
+        for t in iter_tensors((args, kwargs)):
+            pager.use(t.untyped_storage())
+        pager.make_room()
+        out = func(*args, **kwargs)
+        sizes = []
+        for t in iter_tensors(out):
+            st = t.untyped_storage()
+            sizes.append((st.nbytes(), t.shape))
+            pager.track(st)
+        self._signature.append((name, tuple(sizes)))
+        if self._curve is not None:
+            self._note_curve()
+        return out
+
+    def _end_paging(self) -> None:
+        """Counters of the pager of the iteration that ends; the
+        intermediate storages it holds come back and are forgotten."""
+        pager = self._paging
+        st = pager.stats()
+        for k in _PAGED_SUMS:
+            self._paged[k] += st[k]
+        for k in _PAGED_MAXES:
+            self._paged[k] = max(self._paged[k], st[k])
+        pager.end_step([t.untyped_storage() for t, _, _ in global_tensors(self.model, self.optimizer)],
+                       guard=False)
 
     def _drain_deaths(self) -> None:
         while self._deaths:
@@ -460,13 +595,26 @@ class OffloadRuntime:
         self._held_known = held
 
     def _end_iteration(self) -> None:
+        pager, self._paging = self._paging, None
+        if pager is not None:
+            try:
+                self._paging = pager
+                self._end_paging()
+            finally:
+                self._paging = None
         self._drain_deaths()
         rc = L.tio_runtime_iteration_end(self._p)
         for i in [i for i in self._bound if i >= self._ids.n_global]:
             del self._bound[i]
             self._released.discard(i)
         self._untracked.clear()
+        self._untracked_refs.clear()
         self._untracked_freed = 0
+        if pager is not None:
+            try:
+                self._take_back(pager)
+            finally:
+                pager.close()  # what the trace does not name comes back
         self.fingerprint = sequence_fingerprint(self._signature)
         self._signature = []
         L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
@@ -574,13 +722,30 @@ class OffloadRuntime:
         """Bring every offloaded tensor back (before checkpointing or eval)."""
         self._open()
         L.check(L.tio_runtime_fetch_all(self._p))
+        if self._paging is not None:
+            self._paging.fetch_all()
 
     def stats(self) -> dict:
+        """The C runtime's counters (tio_runtime_stats), with the pager's of
+        the diverged iterations: its kernels over the capacity and peaks
+        joined to the runtime's, and its own counts as ``paged_*``."""
         self._open()
         s = L.RuntimeStats()
         L.tio_runtime_get_stats(self._p, ctypes.byref(s))
         out = {name: getattr(s, name) for name, _ in L.RuntimeStats._fields_}
         out["frees_waited"] = self._frees_waited
+        paged = dict(self._paged)
+        if self._paging is not None:
+            now = self._paging.stats()
+            for k in _PAGED_SUMS:
+                paged[k] += now[k]
+            for k in _PAGED_MAXES:
+                paged[k] = max(paged[k], now[k])
+        for k, v in paged.items():
+            out["paged_" + k] = v
+        out["over_capacity_kernels"] += paged["over_capacity_kernels"]
+        for k in _PAGED_MAXES:
+            out[k] = max(out[k], paged[k])
         return out
 
     def close(self) -> None:

@@ -61,8 +61,10 @@ log = logging.getLogger("teraio")
 _SUMS = ("bytes_offloaded", "bytes_offloaded_ssd", "bytes_offloaded_host", "bytes_prefetched",
          "bytes_fetched_urgent", "n_offloads", "n_prefetches", "stalls", "stall_ns", "wait_ns",
          "offloads_refused", "iterations", "fetches_outside", "bytes_fetched_outside",
-         "over_capacity_kernels", "frees_waited")
-_MAXES = ("peak_resident_bytes", "over_capacity_bytes_max", "peak_process_rss_bytes")
+         "over_capacity_kernels", "frees_waited", "paged_kernels", "paged_evictions", "paged_bytes_evicted",
+         "paged_fetches", "paged_bytes_fetched", "paged_io_ns", "paged_over_capacity_kernels")
+_MAXES = ("peak_resident_bytes", "over_capacity_bytes_max", "peak_process_rss_bytes",
+          "paged_peak_resident_bytes", "paged_over_capacity_bytes_max", "paged_peak_process_rss_bytes")
 
 
 # Which live session drives each parameter (and optimizer): a tensor moved
@@ -390,6 +392,12 @@ class Session:
         for k in _MAXES:
             totals[k] = max(totals[k], stats.get(k, 0))
 
+    def _retire_runtime(self) -> None:
+        """The runtime's plan is not the next one to run (another plan takes
+        over, or a new sequence is profiled).  Here: closed, its tensors
+        brought back; a driver that can hands them on where they are."""
+        self._close_runtime()
+
     def _close_runtime(self) -> None:
         if self._rt is not None:
             self._add(self._totals, self._rt.stats())
@@ -468,6 +476,7 @@ class Session:
                         entry.capacity_bytes, entry.plan.planned_peak_bytes)
         self._plans[key] = entry
         self._plans.move_to_end(key)
+        self._set_paging_capacity()
         while len(self._plans) > self.max_plans:
             old = next(k for k, e in self._plans.items() if e is not self._entry)
             del self._plans[old]
@@ -482,9 +491,17 @@ class Session:
             return
         if self._rt is not None:
             self._counts["switches"] += 1
-        self._close_runtime()
+        self._retire_runtime()
         self._rt = self._make_runtime(entry)
         self._entry = entry
+        self._set_paging_capacity()
+
+    def _set_paging_capacity(self) -> None:
+        """What a step that leaves its plan keeps: the capacity in bytes, or,
+        for a share, the share of the largest peak of the sequences planned
+        (the largest of the plans' capacities)."""
+        if self._rt is not None and hasattr(self._rt, "paging_capacity"):
+            self._rt.paging_capacity = max((e.capacity_bytes for e in self._plans.values()), default=0)
 
     def _expected_after(self, key):
         """The sequence the step after one of `key` is expected to run: the
@@ -510,7 +527,7 @@ class Session:
             self._plans.move_to_end(expected)
             self._use(self._plans[expected])
         elif expected not in self._unplannable and self._seen[expected] >= self.reprofile_after:
-            self._close_runtime()
+            self._retire_runtime()
             self._profile_left = 1
             self._counts["reprofiles"] += 1
             self._profile_next()
