@@ -56,6 +56,17 @@ int fail(char *err, size_t cap, int code, const char *fmt, ...)
     if (cap)
         vsnprintf(err, cap, fmt, ap);
     va_end(ap);
+    /* One line: Arrow's messages span several ("...\nIn ../src/..."). */
+    if (cap) {
+        std::string line;
+        for (const char *c = err; *c; c++) {
+            if (*c != '\n' && *c != '\r')
+                line += *c;
+            else if (c[1] && c[1] != '\n' && c[1] != '\r')
+                line += "; ";
+        }
+        snprintf(err, cap, "%s", line.c_str());
+    }
     return code;
 }
 
@@ -237,10 +248,14 @@ int append_ids(const Handle &h, int rg, const L &a, const V &values, int64_t at,
             bool bad = (uint64_t)x > UINT32_MAX;
             if constexpr (std::is_signed_v<decltype(x)>)
                 bad = x < 0 || (int64_t)x > (int64_t)UINT32_MAX;
-            if (bad)
+            if (bad && std::is_signed_v<decltype(x)>)
                 return fail(err, cap, kParseError, "%s: row group %d, row %lld: column '%s': "
                             "token %lld is not an id", h.name.c_str(), rg, (long long)row,
                             h.column.c_str(), (long long)x);
+            if (bad)
+                return fail(err, cap, kParseError, "%s: row group %d, row %lld: column '%s': "
+                            "token %llu is not an id", h.name.c_str(), rg, (long long)row,
+                            h.column.c_str(), (unsigned long long)x);
             ids->push_back((uint32_t)x);
         }
         out->offsets[row + 1] = (int64_t)ids->size();

@@ -244,6 +244,7 @@ def test_null_row_is_an_error_or_a_counted_skip(tmp_path):
     ("missing", r"s/x.parquet: no column 'text' \(text\) nor 'tokens' or 'input_ids'"),
     ("tokens_type", r"s/x.parquet: column 'tokens' is list<element: double>, not a list of integers"),
     ("negative_id", r"s/x.parquet: row group 0, row 1: column 'tokens': token -3 is not an id"),
+    ("uint64_id", r"s/x.parquet: row group 0, row 0: column 'tokens': token 9223372036854775808 is not an id"),
 ])
 def test_bad_files_named_with_row_group_and_column(tmp_path, case, message):
     if case == "truncated":
@@ -264,6 +265,8 @@ def test_bad_files_named_with_row_group_and_column(tmp_path, case, message):
         r = bad_root(tmp_path, case, pa.table({"body": ["a", "b"]}))
     elif case == "tokens_type":
         r = bad_root(tmp_path, case, pa.table({"tokens": [[1.5], [2.0]]}))
+    elif case == "uint64_id":  # issue 26 item 14: printed as unsigned, not as -2^63
+        r = bad_root(tmp_path, case, pa.table({"tokens": pa.array([[2 ** 63]], type=pa.list_(pa.uint64()))}))
     else:
         r = bad_root(tmp_path, case, pa.table({"tokens": pa.array([[1, 2], [4, -3]],
                                                                   type=pa.list_(pa.int32()))}))
