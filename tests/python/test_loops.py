@@ -195,13 +195,13 @@ def test_offload_call_refuses_bad_use(ssd_dir):
 
 
 def test_steps_that_leave_their_plan_keep_the_capacity(ssd_dir):
-    """Sequence lengths 16 and 32 in turn, with an eval step (no_grad, no
+    """Sequence lengths 64 and 128 in turn, with an eval step (no_grad, no
     optimizer) every third step, all inside off.step(): a step that leaves
     its plan (the wrong plan expected, an eval pass, a sequence not planned)
     goes on under the pager, which evicts on demand, so no kernel of any
     planned or diverged step exceeds the capacity (issue 24 item 5), and the
     losses and parameters equal the plain run's bit for bit."""
-    batches = [tiny_batches(1, seq=16 if i % 2 == 0 else 32, seed=10 + i)[0] for i in range(18)]
+    batches = [tiny_batches(1, seq=64 if i % 2 == 0 else 128, seed=10 + i)[0] for i in range(18)]
 
     def run(off_options=None):
         n = iter(range(len(batches)))
@@ -223,6 +223,8 @@ def test_steps_that_leave_their_plan_keep_the_capacity(ssd_dir):
     assert r["paged_kernels"] > 0 and r["paged_evictions"] > 0, r
     assert r["over_capacity_kernels"] == 0, r
     assert r["paged_over_capacity_kernels"] == 0, r
-    # The pager's overhead: what a kernel makes is on top until its outputs are tracked.
+    # The pager's overhead: what one operator makes is on top of the capacity until it
+    # returns; here the largest is an attention matrix at length 128 (batch 4, 4 heads, fp32).
     biggest = max(p["capacity_bytes"] for p in r["plans"])
-    assert r["peak_resident_bytes"] <= 1.15 * biggest, (r["peak_resident_bytes"], biggest)
+    one_output = 4 * 4 * 128 * 128 * 4
+    assert r["peak_resident_bytes"] <= biggest + one_output, (r["peak_resident_bytes"], biggest)
