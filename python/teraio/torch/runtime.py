@@ -202,6 +202,13 @@ def _trace_globals_by_name(trace: Trace) -> dict[str, int] | None:
     return out
 
 
+class _EngineHandle:
+    """The C engine of a teraio.core.Engine, as the pager takes it (``_p``)."""
+
+    def __init__(self, p):
+        self._p = p
+
+
 class OffloadRuntime:
     """Runs training iterations under an offload plan.
 
@@ -225,6 +232,9 @@ class OffloadRuntime:
         stays away until the plan wants it)."""
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
+        # The C engine, which the C runtime keeps alive (tio_engine_retain) even after the
+        # Engine object is closed: the pagers of diverged iterations work over it.
+        self._engine_c = _EngineHandle(engine._p) if engine is not None else None
         self.safe = safe
         self.k = 0
         self.diverged = False          # the current (or last) iteration left the trace
@@ -407,7 +417,7 @@ class OffloadRuntime:
         whose bytes are in `extent` of the engine (the runtime owns it now)."""
         rc = L.tio_runtime_tensor_bind_stored(self._p, i, self.trace.tensor_bytes(i), ctypes.byref(extent))
         if rc < 0:
-            L.tio_engine_free(self.engine._p, ctypes.byref(extent))
+            L.tio_engine_free(self._engine_c._p, ctypes.byref(extent))
             L.check(rc)
         self._ids.assign(st, i)
         self._bound[i] = (st._cdata, weakref.ref(st))
@@ -485,7 +495,7 @@ class OffloadRuntime:
             is_global = i < self._ids.n_global
             if st is None:  # died since the drain
                 if not resident.value:
-                    L.tio_engine_free(self.engine._p, ctypes.byref(ext))
+                    L.tio_engine_free(self._engine_c._p, ctypes.byref(ext))
             elif resident.value:
                 pager.track(st, is_global=is_global)
             else:
@@ -523,10 +533,10 @@ class OffloadRuntime:
     def _start_paging(self) -> bool:
         """The iteration diverged: from now on a pager keeps the capacity
         (module text).  False where there is no engine to evict to."""
-        if self.engine is None:
+        if self._engine_c is None:
             return False
         L.tio_runtime_get_stats(self._p, ctypes.byref(self._stats))
-        pager = Pager(self.engine, max(1, self.paging_capacity or self._stats.capacity_bytes))
+        pager = Pager(self._engine_c, max(1, self.paging_capacity or self._stats.capacity_bytes))
         pager.begin_step()
         self.handover(pager, untracked=True)
         self._paging = pager
