@@ -228,3 +228,23 @@ def test_steps_that_leave_their_plan_keep_the_capacity(ssd_dir):
     biggest = max(p["capacity_bytes"] for p in r["plans"])
     one_output = 4 * 4 * 128 * 128 * 4
     assert r["peak_resident_bytes"] <= biggest + one_output, (r["peak_resident_bytes"], biggest)
+
+
+def test_state_dict_inside_a_diverged_step(ssd_dir):
+    """state_dict() inside a step that left its plan fetches what the pager
+    evicted; storages that died in the step are forgotten first (it raised
+    "the allocate callback failed" for a dead slot; found by a breaker)."""
+    batches = tiny_batches(3, seq=16) + tiny_batches(1, seq=32, seed=5)
+
+    def step(model, opt, batch):
+        opt.zero_grad()
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        sd = model.state_dict()
+        opt.step()
+        return loss + 0 * next(iter(sd.values())).sum()
+
+    plain = run_loop(step, batches)
+    off = run_loop(step, batches, off_options=options(ssd_dir))
+    assert_same(plain, off)
+    assert off[4]["diverged_iterations"] == 1 and off[4]["paged_kernels"] > 0

@@ -215,7 +215,9 @@ class Pager:
             self._guard_pushed = False
 
     def fetch_all(self) -> None:
+        """Bring every evicted storage back (the dead ones are forgotten first)."""
         if self._p:
+            self.drain()
             L.check(L.tio_pager_fetch_all(self._p))
 
     def detach(self, st):
