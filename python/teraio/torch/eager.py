@@ -34,7 +34,7 @@ import torch
 from .. import _lib as L
 from ..core import Lifetime
 from ._ids import global_tensors
-from .pager import Pager
+from .pager import Pager, add_stats
 from .profiler import Profiler
 from .runtime import OffloadRuntime
 from .session import NoPlan, PlanEntry, Session
@@ -114,16 +114,7 @@ class EagerSession(Session):
 
     def _add_profiling(self, pager: Pager) -> None:
         """Keep the counters of a pager that goes."""
-        st = pager.stats()
-        if self._profiling is None:
-            self._profiling = st
-            return
-        for k, v in st.items():
-            if k in ("peak_resident_bytes", "peak_tracked_bytes", "over_capacity_bytes_max",
-                     "peak_process_rss_bytes", "capacity_bytes"):
-                self._profiling[k] = max(self._profiling[k], v)
-            elif k not in ("resident_bytes", "tracked_bytes"):
-                self._profiling[k] += v
+        self._profiling = add_stats(self._profiling, pager.stats())
 
     def _engine_busy(self) -> bool:
         return self._pager is not None
@@ -174,10 +165,7 @@ class EagerSession(Session):
         the largest."""
         if self._pager is None:
             return {"profiling": self._profiling}
-        saved = dict(self._profiling) if self._profiling else None
-        self._add_profiling(self._pager)
-        out, self._profiling = self._profiling, saved
-        return {"profiling": out}
+        return {"profiling": add_stats(self._profiling, self._pager.stats())}
 
     def _close_driver(self) -> None:
         if self._pager is not None:

@@ -34,6 +34,28 @@ from ..core import Engine
 from ._ids import FetchGuard, Hook
 
 
+# Counters of tio_pager_stats that are the largest over pagers, not summed; the
+# others listed in PagerStats add up (resident and tracked bytes describe one pager's
+# present and are not added).
+_MAXES = ("capacity_bytes", "peak_resident_bytes", "peak_tracked_bytes", "over_capacity_bytes_max",
+          "peak_process_rss_bytes")
+_PRESENT = ("resident_bytes", "tracked_bytes")
+
+
+def add_stats(total: dict | None, stats: dict) -> dict:
+    """`stats` (Pager.stats()) added to `total` (a copy, None: nothing yet):
+    counts summed, peaks the largest."""
+    if total is None:
+        return dict(stats)
+    out = dict(total)
+    for k, v in stats.items():
+        if k in _MAXES:
+            out[k] = max(out[k], v)
+        elif k not in _PRESENT:
+            out[k] += v
+    return out
+
+
 class Pager:
     """Storages tracked by one C pager over `engine`, for `capacity_bytes`
     or a share of the largest tracked bytes seen (pager.h)."""
@@ -110,15 +132,19 @@ class Pager:
             return None
         s = ctypes.c_uint32()
         rc = L.tio_pager_track(self._p, st.data_ptr(), nbytes, st.resizable(), ctypes.byref(s))
-        slot = s.value
+        self._remember(st, s.value, nbytes, is_global)
+        L.check(rc)
+        return s.value
+
+    def _remember(self, st, slot: int, nbytes: int, is_global: bool) -> None:
+        """Storage `st` is tracked in `slot` (forgotten when it dies)."""
+        key = st._cdata
         self._slot[key] = slot
         self._storage[slot] = weakref.ref(st)
         self._bytes[slot] = nbytes
         if is_global:
             self._global.add(slot)
         weakref.finalize(st, self._died, key, slot)
-        L.check(rc)
-        return slot
 
     def track_stored(self, st, nbytes: int, extent, is_global: bool = False) -> int:
         """Track storage `st`, whose memory is released and whose bytes are
@@ -129,15 +155,8 @@ class Pager:
         if rc < 0:
             L.tio_engine_free(self.engine._p, ctypes.byref(extent))
             L.check(rc)
-        slot = s.value
-        key = st._cdata
-        self._slot[key] = slot
-        self._storage[slot] = weakref.ref(st)
-        self._bytes[slot] = nbytes
-        if is_global:
-            self._global.add(slot)
-        weakref.finalize(st, self._died, key, slot)
-        return slot
+        self._remember(st, s.value, nbytes, is_global)
+        return s.value
 
     def make_room(self) -> None:
         """Evict until the capacity holds (what the current kernel uses stays)."""

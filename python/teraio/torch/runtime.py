@@ -71,7 +71,7 @@ from .. import _lib as L
 from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
 from ._ids import FetchGuard, Hook, StorageIds, global_tensors, iter_tensors
-from .pager import Pager
+from .pager import Pager, add_stats
 from .profiler import kernel_name, sequence_fingerprint
 
 log = logging.getLogger("teraio")
@@ -88,10 +88,10 @@ _YIELD_BUDGET_S = 0.01
 
 _PAGE = None
 
-# The pager counters of diverged iterations that stats() reports (as paged_<name>),
-# summed or the largest; over_capacity_* and the peaks also join the runtime's own.
-_PAGED_SUMS = ("kernels", "evictions", "bytes_evicted", "fetches", "bytes_fetched", "io_ns",
-               "over_capacity_kernels")
+# The pager counters of diverged iterations that stats() reports (as paged_<name>);
+# the kernels over the capacity and the peaks (_PAGED_MAXES) also join the runtime's own.
+_PAGED = ("kernels", "evictions", "bytes_evicted", "fetches", "bytes_fetched", "io_ns",
+          "over_capacity_kernels", "peak_resident_bytes", "over_capacity_bytes_max", "peak_process_rss_bytes")
 _PAGED_MAXES = ("peak_resident_bytes", "over_capacity_bytes_max", "peak_process_rss_bytes")
 
 
@@ -250,7 +250,7 @@ class OffloadRuntime:
         # The capacity a diverged iteration keeps (bytes; 0: the plan's).  A session whose
         # capacity is a share sets the largest of its plans' (the share of the largest peak known).
         self.paging_capacity = 0
-        self._paged = {k: 0 for k in _PAGED_SUMS + _PAGED_MAXES}  # its counters, summed
+        self._paged: dict | None = None  # the counters of those pagers (teraio.torch.pager.add_stats)
         self._untracked_freed = 0
         self._signature: list = []
         self._held_known = 0
@@ -560,15 +560,10 @@ class OffloadRuntime:
             self._note_curve()
         return out
 
-    def _end_paging(self) -> None:
+    def _end_paging(self, pager: Pager) -> None:
         """Counters of the pager of the iteration that ends; the
         intermediate storages it holds come back and are forgotten."""
-        pager = self._paging
-        st = pager.stats()
-        for k in _PAGED_SUMS:
-            self._paged[k] += st[k]
-        for k in _PAGED_MAXES:
-            self._paged[k] = max(self._paged[k], st[k])
+        self._paged = add_stats(self._paged, pager.stats())
         pager.end_step([t.untyped_storage() for t, _, _ in global_tensors(self.model, self.optimizer)],
                        guard=False)
 
@@ -607,11 +602,7 @@ class OffloadRuntime:
     def _end_iteration(self) -> None:
         pager, self._paging = self._paging, None
         if pager is not None:
-            try:
-                self._paging = pager
-                self._end_paging()
-            finally:
-                self._paging = None
+            self._end_paging(pager)
         self._drain_deaths()
         rc = L.tio_runtime_iteration_end(self._p)
         for i in [i for i in self._bound if i >= self._ids.n_global]:
@@ -744,13 +735,10 @@ class OffloadRuntime:
         L.tio_runtime_get_stats(self._p, ctypes.byref(s))
         out = {name: getattr(s, name) for name, _ in L.RuntimeStats._fields_}
         out["frees_waited"] = self._frees_waited
-        paged = dict(self._paged)
+        paged = self._paged
         if self._paging is not None:
-            now = self._paging.stats()
-            for k in _PAGED_SUMS:
-                paged[k] += now[k]
-            for k in _PAGED_MAXES:
-                paged[k] = max(paged[k], now[k])
+            paged = add_stats(paged, self._paging.stats())
+        paged = {k: paged[k] if paged else 0 for k in _PAGED}
         for k, v in paged.items():
             out["paged_" + k] = v
         out["over_capacity_kernels"] += paged["over_capacity_kernels"]

@@ -500,7 +500,7 @@ class Session:
         """What a step that leaves its plan keeps: the capacity in bytes, or,
         for a share, the share of the largest peak of the sequences planned
         (the largest of the plans' capacities)."""
-        if self._rt is not None and hasattr(self._rt, "paging_capacity"):
+        if self._rt is not None:
             self._rt.paging_capacity = max((e.capacity_bytes for e in self._plans.values()), default=0)
 
     def _expected_after(self, key):
