@@ -24,8 +24,13 @@
  *                         tio_data_parquet_available): a string column
  *                         `text` (configurable) tokenized on the fly, else a
  *                         list-of-integers column `tokens` or `input_ids`;
- *                         a document is a row, a row group the unit of
- *                         reading; document counts come from the footer.
+ *                         a document is a row, a row group (or a slice of
+ *                         rows of one the footer declares over 32 MiB) the
+ *                         unit of reading, decoded a batch at a time, so a
+ *                         compression bomb costs a window's memory; a window
+ *                         decoding to more than max(cache_bytes,
+ *                         max_line_bytes) is an error naming the rows.
+ *                         Document counts come from the footer.
  *                         The Hugging Face hub's layout (<sub>/data/
  *                         train-*.parquet, README.md beside) is one
  *                         sub-dataset like any other folder

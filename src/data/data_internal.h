@@ -92,14 +92,17 @@ uint32_t tio_crc32(const void *data, size_t len);
 /* A window: documents [first, first + count) of a text or Parquet file,
  * decoded together into a reader's cache (JSONL: consecutive lines of about
  * TIO_JSONL_WINDOW_BYTES, starting at decompressed byte `offset`; Parquet:
- * one row group). */
+ * a row group, or rows of one whose column the footer declares larger than
+ * TIO_PARQUET_WINDOW_BYTES, cut into slices of about that size). */
 typedef struct {
     uint64_t first, count;
-    uint64_t offset; /* JSONL: decompressed byte offset of the first line */
-    uint64_t line;   /* JSONL: lines (blank ones too) before it */
+    uint64_t offset; /* JSONL: decompressed byte offset of the first line;
+                        Parquet: the row group */
+    uint64_t line;   /* JSONL: lines (blank ones too) before it; Parquet:
+                        its first row in the row group */
 } tio_data_window;
 
-enum { TIO_JSONL_WINDOW_BYTES = 8 << 20 };
+enum { TIO_JSONL_WINDOW_BYTES = 8 << 20, TIO_PARQUET_WINDOW_BYTES = 32 << 20 };
 
 typedef struct tio_parquet_file tio_parquet_file; /* parquet.c */
 

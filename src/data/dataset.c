@@ -471,7 +471,7 @@ int tio_dataset_doc_location(tio_dataset *ds, uint32_t sub, uint32_t file, uint6
     if (f->n_windows) {
         const tio_data_window *w = &f->windows[tio_data_window_of(f, doc)];
         *unit = f->format == FMT_PARQUET ? w->offset : (uint64_t)(w - f->windows);
-        *row = doc - w->first;
+        *row = doc - w->first + (f->format == FMT_PARQUET ? w->line : 0);
     }
     return 0;
 }

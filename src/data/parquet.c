@@ -4,8 +4,15 @@
  * C++ shim over Apache Arrow's libparquet, parquet_shim.cc), loaded with
  * dlopen the first time a Parquet file is opened.
  *
- * Documents are rows; the document count comes from the footer (no scan);
- * a window is one row group, decoded whole by the reader that needs it.
+ * Documents are rows; the document count comes from the footer (no scan).
+ * A window is a row group, or a slice of rows of one whose column the
+ * footer declares larger than TIO_PARQUET_WINDOW_BYTES: a reader decodes a
+ * window a batch of rows at a time, and never more than the window's rows,
+ * so a row group that decompresses to gigabytes (a compression bomb) costs
+ * a window's memory.  What a window really decodes is bounded too (a footer
+ * may lie): more than max(cache_bytes, max_line_bytes) is an error naming
+ * the file, row group and rows.  A reader's cursor keeps its row group's
+ * batch reader, so slices read in order decode the row group once.
  * Without the shim (not built, or its Arrow libraries not found) every
  * Parquet file fails to open with -ENOTSUP naming the reason, and the other
  * formats work as before.
@@ -117,11 +124,15 @@ static int parquet_open(tio_dataset *ds, tio_data_file *f)
     uint64_t first = 0;
     for (int32_t g = 0; g < meta.n_row_groups; g++) {
         uint64_t rows = (uint64_t)api->row_group_rows(f->parquet->h, g);
-        if (!rows)
-            continue;
-        if ((rc = tio_grow((void **)&f->windows, &cap, f->n_windows + 1, sizeof *f->windows)))
-            return rc;
-        f->windows[f->n_windows++] = (tio_data_window){first, rows, (uint64_t)g, 0};
+        uint64_t bytes = (uint64_t)api->row_group_bytes(f->parquet->h, g);
+        uint64_t slices = bytes > TIO_PARQUET_WINDOW_BYTES ? (bytes - 1) / TIO_PARQUET_WINDOW_BYTES + 1 : 1;
+        uint64_t per = slices < rows ? (rows + slices - 1) / slices : 1;
+        for (uint64_t at = 0; at < rows; at += per) {
+            if ((rc = tio_grow((void **)&f->windows, &cap, f->n_windows + 1, sizeof *f->windows)))
+                return rc;
+            uint64_t n = rows - at < per ? rows - at : per;
+            f->windows[f->n_windows++] = (tio_data_window){first + at, n, (uint64_t)g, at};
+        }
         first += rows;
     }
     return 0;
@@ -171,23 +182,78 @@ static int pq_ids(void *ctx, uint64_t i, const uint32_t **ids, uint64_t *n)
     return 0;
 }
 
+/* Where a reader stands in a file: row group `rg`'s rows from `next` on. */
+typedef struct {
+    tio_pq_rows *rows;
+    uint32_t rg;
+    uint64_t next;
+} pq_cursor;
+
+static void pq_cursor_free(void *p)
+{
+    pq_cursor *c = p;
+    if (c && c->rows)
+        api->rows_close(c->rows);
+    free(c);
+}
+
+/* A cursor standing at window `win`'s first row: the reader's own if it is
+ * in that row group at or before it, else a new one. */
+static int cursor_at(const tio_data_file *f, const tio_data_window *win, pq_cursor **cursor)
+{
+    pq_cursor *c = *cursor;
+    char err[1024] = "";
+    int rc;
+    if (!c || c->rg != win->offset || c->next > win->line) {
+        pq_cursor_free(c);
+        *cursor = NULL;
+        if (!(c = calloc(1, sizeof *c)))
+            return tio_fail(-ENOMEM, "%s: out of memory", f->rel);
+        c->rg = (uint32_t)win->offset;
+        /* batches of about a MiB of the footer's bytes, 1 to 4096 rows */
+        uint64_t rows = (uint64_t)api->row_group_rows(f->parquet->h, (int32_t)c->rg);
+        uint64_t bytes = (uint64_t)api->row_group_bytes(f->parquet->h, (int32_t)c->rg);
+        uint64_t batch = bytes > (1u << 20) ? rows / (bytes >> 20) : rows;
+        batch = batch < 1 ? 1 : batch > 4096 ? 4096 : batch;
+        if ((rc = api->rows_open(f->parquet->h, (int32_t)c->rg, (int64_t)batch, &c->rows, err,
+                                 sizeof err))) {
+            free(c);
+            return tio_fail(rc, "%s", err);
+        }
+    }
+    *cursor = c;
+    if (c->next < win->line) {
+        if ((rc = api->rows_skip(c->rows, (int64_t)(win->line - c->next), err, sizeof err)))
+            return tio_fail(rc, "%s", err);
+        c->next = win->line;
+    }
+    return 0;
+}
+
 static int parquet_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, tio_window_ids *out,
                                void **cursor)
 {
-    (void)cursor; /* a row group is read by its offset: nothing to keep */
     const tio_data_window *win = &f->windows[wi];
     pq_window w = {f, (uint32_t)win->offset, {0}};
-    char err[1024] = "";
-    uint64_t max = ds->opts.max_line_bytes ? ds->opts.max_line_bytes : (64u << 20);
-    int rc = api->read(f->parquet->h, (int32_t)win->offset, max, &w.col, err, sizeof err);
-    if (rc)
-        return tio_fail(rc, "%s", err);
-    if ((uint64_t)w.col.n_rows != win->count) {
-        api->column_free(&w.col);
-        return tio_fail(TIO_EPARSE, "%s: row group %u: %lld rows read, the footer said %llu",
-                        f->rel, w.row_group, (long long)w.col.n_rows,
-                        (unsigned long long)win->count);
+    pq_cursor *c = *cursor;
+    int rc = cursor_at(f, win, &c);
+    *cursor = c;
+    if (rc) {
+        pq_cursor_free(c);
+        *cursor = NULL;
+        return rc;
     }
+    char err[1024] = "";
+    uint64_t max_value = ds->opts.max_line_bytes ? ds->opts.max_line_bytes : (64u << 20);
+    uint64_t max = ds->opts.cache_bytes ? ds->opts.cache_bytes : (256u << 20);
+    max = max > max_value ? max : max_value;
+    rc = api->rows_read(c->rows, (int64_t)win->count, max_value, max, &w.col, err, sizeof err);
+    if (rc) {
+        pq_cursor_free(c);
+        *cursor = NULL;
+        return tio_fail(rc, "%s", err);
+    }
+    c->next += win->count;
     tio_window_source src = {&w, f->text ? pq_text : NULL, f->text ? NULL : pq_ids};
     rc = tio_window_fill(ds, f, &src, win->first, win->count, out);
     api->column_free(&w.col);
@@ -195,7 +261,7 @@ static int parquet_window_load(tio_dataset *ds, tio_data_file *f, uint32_t wi, t
 }
 
 const tio_data_format tio_format_parquet = {"Parquet", parquet_open, parquet_close, NULL, NULL,
-                                            NULL, parquet_window_load, NULL};
+                                            NULL, parquet_window_load, pq_cursor_free};
 
 int tio_parquet_check_buffer(const uint8_t *buf, size_t len, const char *text_column)
 {
@@ -210,7 +276,15 @@ int tio_parquet_check_buffer(const uint8_t *buf, size_t len, const char *text_co
         return tio_fail(rc, "%s", err);
     for (int32_t g = 0; !rc && g < meta.n_row_groups; g++) {
         tio_pq_column col;
-        if ((rc = api->read(h, g, 1u << 20, &col, err, sizeof err)) != 0) {
+        tio_pq_rows *rows;
+        if ((rc = api->rows_open(h, g, 64, &rows, err, sizeof err)) != 0) {
+            rc = tio_fail(rc, "%s", err);
+            break;
+        }
+        rc = api->rows_read(rows, api->row_group_rows(h, g), 1u << 20, 64u << 20, &col, err,
+                            sizeof err);
+        api->rows_close(rows);
+        if (rc) {
             rc = tio_fail(rc, "%s", err);
             break;
         }

@@ -9,9 +9,11 @@
  * against them, it keeps the C core free of any Arrow dependency and lets
  * the C threads of the loader read Parquet without Python or its GIL.
  *
- * A file's footer is parsed once, at open; each row-group read opens its own
- * reader over that footer (no shared mutable state), single-threaded
- * (use_threads off), so several loader threads may read at once.  Arrow
+ * A file's footer is parsed once, at open; each reader of a row group's rows
+ * (tio_pq_rows) opens its own file reader over that footer (no shared
+ * mutable state), single-threaded (use_threads off), and decodes a batch of
+ * rows at a time, so several loader threads may read at once and none holds
+ * more than the rows it was asked for.  Arrow
  * errors (a truncated file, a footer that lies, a bad page) come back as
  * TIO_EPARSE with Arrow's message, prefixed by file, row group and column.
  */
@@ -25,6 +27,7 @@
 #include <parquet/file_reader.h>
 #include <parquet/metadata.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -76,21 +79,6 @@ arrow::Result<std::shared_ptr<arrow::io::RandomAccessFile>> source(const Handle 
         return std::make_shared<arrow::io::BufferReader>(h.buffer);
     ARROW_ASSIGN_OR_RAISE(auto f, arrow::io::ReadableFile::Open(h.path));
     return std::static_pointer_cast<arrow::io::RandomAccessFile>(f);
-}
-
-arrow::Result<std::unique_ptr<parquet::arrow::FileReader>> reader(const Handle &h)
-{
-    ARROW_ASSIGN_OR_RAISE(auto src, source(h));
-    parquet::ReaderProperties props;
-    std::unique_ptr<parquet::ParquetFileReader> pf;
-    try {
-        pf = parquet::ParquetFileReader::Open(src, props, h.meta);
-    } catch (const parquet::ParquetException &e) {
-        return arrow::Status::Invalid(e.what());
-    }
-    parquet::ArrowReaderProperties aprops;
-    aprops.set_use_threads(false);
-    return parquet::arrow::FileReader::Make(arrow::default_memory_pool(), std::move(pf), aprops);
 }
 
 void collect_leaves(const parquet::arrow::SchemaField &f, std::vector<int> *out)
@@ -212,7 +200,7 @@ void column_free(tio_pq_column *c)
 
 /* Text rows of one chunk appended at row `at`. */
 template <typename A>
-int append_text(const Handle &h, int rg, const A &a, int64_t at, uint64_t max_bytes,
+int append_text(const Handle &h, int rg, int64_t base, const A &a, int64_t at, uint64_t max_bytes,
                 std::string *data, tio_pq_column *out, char *err, size_t cap)
 {
     for (int64_t i = 0; i < a.length(); i++) {
@@ -223,7 +211,7 @@ int append_text(const Handle &h, int rg, const A &a, int64_t at, uint64_t max_by
             if (v.size() > max_bytes)
                 return fail(err, cap, kParseError, "%s: row group %d, row %lld: column '%s' holds "
                             "%zu bytes, more than the limit of %llu (max_line_bytes)",
-                            h.name.c_str(), rg, (long long)row, h.column.c_str(), v.size(),
+                            h.name.c_str(), rg, (long long)(base + row), h.column.c_str(), v.size(),
                             (unsigned long long)max_bytes);
             data->append(v.data(), v.size());
         }
@@ -234,7 +222,7 @@ int append_text(const Handle &h, int rg, const A &a, int64_t at, uint64_t max_by
 
 /* Token rows of one list chunk appended at row `at`, its values of type V. */
 template <typename L, typename V>
-int append_ids(const Handle &h, int rg, const L &a, const V &values, int64_t at,
+int append_ids(const Handle &h, int rg, int64_t base, const L &a, const V &values, int64_t at,
                std::vector<uint32_t> *ids, tio_pq_column *out, char *err, size_t cap)
 {
     for (int64_t i = 0; i < a.length(); i++) {
@@ -243,18 +231,19 @@ int append_ids(const Handle &h, int rg, const L &a, const V &values, int64_t at,
         for (int64_t k = a.value_offset(i); out->valid[row] && k < a.value_offset(i + 1); k++) {
             if (values.IsNull(k))
                 return fail(err, cap, kParseError, "%s: row group %d, row %lld: column '%s' has a "
-                            "null token", h.name.c_str(), rg, (long long)row, h.column.c_str());
+                            "null token", h.name.c_str(), rg, (long long)(base + row),
+                            h.column.c_str());
             auto x = values.Value(k);
             bool bad = (uint64_t)x > UINT32_MAX;
             if constexpr (std::is_signed_v<decltype(x)>)
                 bad = x < 0 || (int64_t)x > (int64_t)UINT32_MAX;
             if (bad && std::is_signed_v<decltype(x)>)
                 return fail(err, cap, kParseError, "%s: row group %d, row %lld: column '%s': "
-                            "token %lld is not an id", h.name.c_str(), rg, (long long)row,
+                            "token %lld is not an id", h.name.c_str(), rg, (long long)(base + row),
                             h.column.c_str(), (long long)x);
             if (bad)
                 return fail(err, cap, kParseError, "%s: row group %d, row %lld: column '%s': "
-                            "token %llu is not an id", h.name.c_str(), rg, (long long)row,
+                            "token %llu is not an id", h.name.c_str(), rg, (long long)(base + row),
                             h.column.c_str(), (unsigned long long)x);
             ids->push_back((uint32_t)x);
         }
@@ -264,13 +253,13 @@ int append_ids(const Handle &h, int rg, const L &a, const V &values, int64_t at,
 }
 
 template <typename L>
-int append_tokens(const Handle &h, int rg, const L &a, int64_t at, std::vector<uint32_t> *ids,
-                  tio_pq_column *out, char *err, size_t cap)
+int append_tokens(const Handle &h, int rg, int64_t base, const L &a, int64_t at,
+                  std::vector<uint32_t> *ids, tio_pq_column *out, char *err, size_t cap)
 {
     const arrow::Array &v = *a.values();
 #define TIO_PQ_IDS(T, A) \
     case arrow::Type::T: \
-        return append_ids(h, rg, a, static_cast<const arrow::A &>(v), at, ids, out, err, cap);
+        return append_ids(h, rg, base, a, static_cast<const arrow::A &>(v), at, ids, out, err, cap);
     switch (v.type_id()) {
         TIO_PQ_IDS(INT8, Int8Array)
         TIO_PQ_IDS(UINT8, UInt8Array)
@@ -287,77 +276,211 @@ int append_tokens(const Handle &h, int rg, const L &a, int64_t at, std::vector<u
 #undef TIO_PQ_IDS
 }
 
-int pq_read(tio_pq *f, int32_t rg, uint64_t max_bytes, tio_pq_column *out, char *err,
-            size_t cap)
+int64_t row_group_bytes(const tio_pq *f, int32_t rg)
+{
+    const Handle *h = reinterpret_cast<const Handle *>(f);
+    if (rg < 0 || rg >= h->meta->num_row_groups())
+        return -1;
+    auto g = h->meta->RowGroup(rg);
+    int64_t bytes = 0;
+    for (int leaf : h->leaves)
+        bytes += std::max<int64_t>(0, g->ColumnChunk(leaf)->total_uncompressed_size());
+    return bytes;
+}
+
+} // namespace
+
+/* A row group's column read a batch at a time: the FileReader must outlive
+ * its RecordBatchReader; `pending` is the batch being handed out, from row
+ * `pos` of it. */
+struct tio_pq_rows {
+    Handle *h;
+    int rg;
+    int64_t rows;   /* the footer's */
+    int64_t at = 0; /* rows handed out or skipped */
+    std::unique_ptr<parquet::arrow::FileReader> file;
+    std::unique_ptr<arrow::RecordBatchReader> batches;
+    std::shared_ptr<arrow::Array> pending;
+    int64_t pos = 0;
+};
+
+namespace {
+
+int rows_open(tio_pq *f, int32_t rg, int64_t batch_rows, tio_pq_rows **out, char *err, size_t cap)
 {
     Handle &h = *reinterpret_cast<Handle *>(f);
-    memset(out, 0, sizeof *out);
-    const char *col = h.column.c_str();
+    *out = nullptr;
     try {
         if (rg < 0 || rg >= h.meta->num_row_groups())
             return fail(err, cap, -EINVAL, "%s: row group %d out of range", h.name.c_str(), rg);
-        int64_t want = h.meta->RowGroup(rg)->num_rows();
-        auto r = reader(h);
-        if (!r.ok())
+        auto src = source(h);
+        if (!src.ok())
+            return fail(err, cap, -ENOENT, "%s: cannot open: %s", h.name.c_str(),
+                        src.status().message().c_str());
+        std::unique_ptr<parquet::ParquetFileReader> pf;
+        try {
+            pf = parquet::ParquetFileReader::Open(*src, parquet::default_reader_properties(), h.meta);
+        } catch (const parquet::ParquetException &e) {
+            return fail(err, cap, kParseError, "%s: row group %d: %s", h.name.c_str(), rg, e.what());
+        }
+        parquet::ArrowReaderProperties aprops;
+        aprops.set_use_threads(false);
+        aprops.set_batch_size(std::max<int64_t>(1, batch_rows));
+        auto file = parquet::arrow::FileReader::Make(arrow::default_memory_pool(), std::move(pf),
+                                                     aprops);
+        if (!file.ok())
             return fail(err, cap, kParseError, "%s: row group %d: %s", h.name.c_str(), rg,
-                        r.status().message().c_str());
-        auto t = (*r)->ReadRowGroup(rg, h.leaves);
-        if (!t.ok())
+                        file.status().message().c_str());
+        auto r = std::make_unique<tio_pq_rows>();
+        r->h = &h;
+        r->rg = rg;
+        r->rows = h.meta->RowGroup(rg)->num_rows();
+        r->file = std::move(*file);
+        auto batches = r->file->GetRecordBatchReader({rg}, h.leaves);
+        if (!batches.ok())
             return fail(err, cap, kParseError, "%s: row group %d, column '%s': %s", h.name.c_str(),
-                        rg, col, t.status().message().c_str());
-        auto chunks = (*t)->column(0);
-        if (chunks->length() != want)
-            return fail(err, cap, kParseError, "%s: row group %d, column '%s': the footer says "
-                        "%lld rows, the pages hold %lld", h.name.c_str(), rg, col,
-                        (long long)want, (long long)chunks->length());
-        out->n_rows = want;
-        out->offsets = static_cast<int64_t *>(calloc((size_t)want + 1, sizeof *out->offsets));
-        out->valid = static_cast<uint8_t *>(calloc((size_t)want + 1, 1));
+                        rg, h.column.c_str(), batches.status().message().c_str());
+        r->batches = std::move(*batches);
+        *out = r.release();
+        return 0;
+    } catch (const std::bad_alloc &) {
+        return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", h.name.c_str(), rg);
+    } catch (const std::exception &e) {
+        return fail(err, cap, kParseError, "%s: row group %d, column '%s': %s", h.name.c_str(), rg,
+                    h.column.c_str(), e.what());
+    }
+}
+
+/* The batch rows are handed out from, read if the last one is used up;
+ * false at the end of the row group's pages. */
+int next_pending(tio_pq_rows *r, bool *more, char *err, size_t cap)
+{
+    const Handle &h = *r->h;
+    *more = true;
+    if (r->pending && r->pos < r->pending->length())
+        return 0;
+    std::shared_ptr<arrow::RecordBatch> b;
+    auto st = r->batches->ReadNext(&b);
+    if (!st.ok())
+        return fail(err, cap, kParseError, "%s: row group %d, column '%s': %s", h.name.c_str(),
+                    r->rg, h.column.c_str(), st.message().c_str());
+    r->pending = b ? b->column(0) : nullptr;
+    r->pos = 0;
+    *more = r->pending && r->pending->length() > 0;
+    return 0;
+}
+
+int rows_skip(tio_pq_rows *r, int64_t n, char *err, size_t cap)
+{
+    try {
+        while (n > 0) {
+            bool more;
+            if (int rc = next_pending(r, &more, err, cap))
+                return rc;
+            if (!more)
+                return fail(err, cap, kParseError, "%s: row group %d, column '%s': the footer says "
+                            "%lld rows, the pages hold %lld", r->h->name.c_str(), r->rg,
+                            r->h->column.c_str(), (long long)r->rows, (long long)r->at);
+            int64_t take = std::min(n, r->pending->length() - r->pos);
+            r->pos += take;
+            r->at += take;
+            n -= take;
+        }
+        return 0;
+    } catch (const std::bad_alloc &) {
+        return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", r->h->name.c_str(), r->rg);
+    } catch (const std::exception &e) {
+        return fail(err, cap, kParseError, "%s: row group %d, column '%s': %s", r->h->name.c_str(),
+                    r->rg, r->h->column.c_str(), e.what());
+    }
+}
+
+/* Rows [at, at + a.length()) of the output from array `a`. */
+int append(const tio_pq_rows &r, const arrow::Array &a, int64_t base, int64_t at,
+           uint64_t max_value, std::string *text, std::vector<uint32_t> *ids, tio_pq_column *out,
+           char *err, size_t cap)
+{
+    const Handle &h = *r.h;
+    switch (a.type_id()) {
+    case arrow::Type::STRING:
+        return append_text(h, r.rg, base, static_cast<const arrow::StringArray &>(a), at, max_value,
+                           text, out, err, cap);
+    case arrow::Type::LARGE_STRING:
+        return append_text(h, r.rg, base, static_cast<const arrow::LargeStringArray &>(a), at,
+                           max_value, text, out, err, cap);
+    case arrow::Type::STRING_VIEW:
+        return append_text(h, r.rg, base, static_cast<const arrow::StringViewArray &>(a), at,
+                           max_value, text, out, err, cap);
+    case arrow::Type::LIST:
+        return append_tokens(h, r.rg, base, static_cast<const arrow::ListArray &>(a), at, ids, out,
+                             err, cap);
+    case arrow::Type::LARGE_LIST:
+        return append_tokens(h, r.rg, base, static_cast<const arrow::LargeListArray &>(a), at, ids,
+                             out, err, cap);
+    default:
+        return fail(err, cap, kParseError, "%s: row group %d, column '%s': unexpected type %s",
+                    h.name.c_str(), r.rg, h.column.c_str(), a.type()->ToString().c_str());
+    }
+}
+
+int rows_read(tio_pq_rows *r, int64_t n, uint64_t max_value, uint64_t max_bytes,
+              tio_pq_column *out, char *err, size_t cap)
+{
+    const Handle &h = *r->h;
+    const char *name = h.name.c_str(), *col = h.column.c_str();
+    memset(out, 0, sizeof *out);
+    try {
+        out->n_rows = n;
+        out->offsets = static_cast<int64_t *>(calloc((size_t)n + 1, sizeof *out->offsets));
+        out->valid = static_cast<uint8_t *>(calloc((size_t)n + 1, 1));
         if (!out->offsets || !out->valid) {
             column_free(out);
-            return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", h.name.c_str(), rg);
+            return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", name, r->rg);
         }
         std::string text;
         std::vector<uint32_t> ids;
-        int64_t at = 0;
+        int64_t base = r->at, got = 0;
         int rc = 0;
-        for (const auto &chunk : chunks->chunks()) {
-            switch (chunk->type_id()) {
-            case arrow::Type::STRING:
-                rc = append_text(h, rg, static_cast<const arrow::StringArray &>(*chunk), at,
-                                 max_bytes, &text, out, err, cap);
+        while (!rc && got < n) {
+            bool more;
+            if ((rc = next_pending(r, &more, err, cap)))
                 break;
-            case arrow::Type::LARGE_STRING:
-                rc = append_text(h, rg, static_cast<const arrow::LargeStringArray &>(*chunk), at,
-                                 max_bytes, &text, out, err, cap);
+            if (!more) {
+                rc = fail(err, cap, kParseError, "%s: row group %d, column '%s': the footer says "
+                          "%lld rows, the pages hold %lld", name, r->rg, col, (long long)r->rows,
+                          (long long)r->at);
                 break;
-            case arrow::Type::STRING_VIEW:
-                rc = append_text(h, rg, static_cast<const arrow::StringViewArray &>(*chunk), at,
-                                 max_bytes, &text, out, err, cap);
-                break;
-            case arrow::Type::LIST:
-                rc = append_tokens(h, rg, static_cast<const arrow::ListArray &>(*chunk), at, &ids,
-                                   out, err, cap);
-                break;
-            case arrow::Type::LARGE_LIST:
-                rc = append_tokens(h, rg, static_cast<const arrow::LargeListArray &>(*chunk), at,
-                                   &ids, out, err, cap);
-                break;
-            default:
-                rc = fail(err, cap, kParseError, "%s: row group %d, column '%s': unexpected type %s",
-                          h.name.c_str(), rg, col, chunk->type()->ToString().c_str());
             }
-            if (rc) {
-                column_free(out);
-                return rc;
-            }
-            at += chunk->length();
+            int64_t take = std::min(n - got, r->pending->length() - r->pos);
+            rc = append(*r, *r->pending->Slice(r->pos, take), base, got, max_value, &text, &ids, out,
+                        err, cap);
+            r->pos += take;
+            r->at += take;
+            got += take;
+            size_t bytes = h.kind == TIO_PQ_TEXT ? text.size() : ids.size() * sizeof(uint32_t);
+            if (!rc && bytes > max_bytes)
+                rc = fail(err, cap, kParseError, "%s: row group %d, rows %lld to %lld: column '%s' "
+                          "holds more than %llu bytes, the most one window may decode (the footer "
+                          "declared %lld bytes for the row group; rewrite the file with smaller "
+                          "row groups, or raise cache_bytes)", name, r->rg, (long long)base,
+                          (long long)(r->at - 1), col, (unsigned long long)max_bytes,
+                          (long long)row_group_bytes(reinterpret_cast<tio_pq *>(r->h), r->rg));
+        }
+        if (!rc && r->at == r->rows) { /* the last row: the pages must end here too */
+            bool more;
+            if (!(rc = next_pending(r, &more, err, cap)) && more)
+                rc = fail(err, cap, kParseError, "%s: row group %d, column '%s': the footer says "
+                          "%lld rows, the pages hold more", name, r->rg, col, (long long)r->rows);
+        }
+        if (rc) {
+            column_free(out);
+            return rc;
         }
         size_t bytes = h.kind == TIO_PQ_TEXT ? text.size() : ids.size() * sizeof(uint32_t);
         out->data = malloc(bytes ? bytes : 1);
         if (!out->data) {
             column_free(out);
-            return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", h.name.c_str(), rg);
+            return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", name, r->rg);
         }
         if (bytes)
             memcpy(out->data, h.kind == TIO_PQ_TEXT ? (const void *)text.data()
@@ -365,12 +488,17 @@ int pq_read(tio_pq *f, int32_t rg, uint64_t max_bytes, tio_pq_column *out, char 
         return 0;
     } catch (const std::bad_alloc &) {
         column_free(out);
-        return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", h.name.c_str(), rg);
+        return fail(err, cap, -ENOMEM, "%s: row group %d: out of memory", name, r->rg);
     } catch (const std::exception &e) {
         column_free(out);
-        return fail(err, cap, kParseError, "%s: row group %d, column '%s': %s", h.name.c_str(), rg,
-                    col, e.what());
+        return fail(err, cap, kParseError, "%s: row group %d, column '%s': %s", name, r->rg, col,
+                    e.what());
     }
+}
+
+void rows_close(tio_pq_rows *r)
+{
+    delete r;
 }
 
 void pq_close(tio_pq *f)
@@ -378,8 +506,9 @@ void pq_close(tio_pq *f)
     delete reinterpret_cast<Handle *>(f);
 }
 
-const tio_pq_api api = {TIO_PQ_ABI, ARROW_VERSION_STRING, pq_open, row_group_rows, pq_read,
-                        column_free, pq_close};
+const tio_pq_api api = {TIO_PQ_ABI,   ARROW_VERSION_STRING, pq_open,    row_group_rows,
+                        row_group_bytes, rows_open,       rows_skip,  rows_read,
+                        rows_close,   column_free,          pq_close};
 
 } // namespace
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define TIO_PQ_ABI 1
+#define TIO_PQ_ABI 2
 
 enum { TIO_PQ_TEXT = 1, TIO_PQ_TOKENS = 2 };
 
@@ -55,12 +55,29 @@ typedef int (*tio_pq_open_fn)(const char *path, const void *buf, size_t len, con
                               char *err, size_t err_cap);
 /* Rows of row group `rg` in the footer. */
 typedef int64_t (*tio_pq_row_group_rows_fn)(const tio_pq *f, int32_t rg);
-/* Decode row group `rg` of the column.  A text value longer than
- * max_value_bytes, a token below 0 or above 2^32 - 1, or a row count that
- * differs from the footer's is TIO_EPARSE naming file, row group, row and
- * column. */
-typedef int (*tio_pq_read_fn)(tio_pq *f, int32_t rg, uint64_t max_value_bytes,
-                              tio_pq_column *out, char *err, size_t err_cap);
+/* The bytes the footer declares for the column in row group `rg` (its
+ * chunks' total_uncompressed_size); -1 if rg is out of range.  A claim, not
+ * a bound: the reads below check what the pages really hold. */
+typedef int64_t (*tio_pq_row_group_bytes_fn)(const tio_pq *f, int32_t rg);
+
+/* A reader of row group `rg`'s column from row 0 on, decoding at most
+ * `batch_rows` rows at a time (so memory is one batch, never the whole
+ * row group).  Owned by the caller (rows_close). */
+typedef struct tio_pq_rows tio_pq_rows;
+typedef int (*tio_pq_rows_open_fn)(tio_pq *f, int32_t rg, int64_t batch_rows, tio_pq_rows **out,
+                                   char *err, size_t err_cap);
+/* Skip the next `n` rows (decoded a batch at a time, then dropped). */
+typedef int (*tio_pq_rows_skip_fn)(tio_pq_rows *r, int64_t n, char *err, size_t err_cap);
+/* Decode the next `n` rows into *out (its row 0 is the reader's position
+ * before the call).  A text value longer than max_value_bytes, rows that
+ * together hold more than max_bytes (text bytes or ids' bytes), a token
+ * below 0 or above 2^32 - 1, fewer rows than asked or, on the row group's
+ * last row, more rows than the footer says are TIO_EPARSE naming file,
+ * row group, row and column. */
+typedef int (*tio_pq_rows_read_fn)(tio_pq_rows *r, int64_t n, uint64_t max_value_bytes,
+                                   uint64_t max_bytes, tio_pq_column *out, char *err,
+                                   size_t err_cap);
+typedef void (*tio_pq_rows_close_fn)(tio_pq_rows *r);
 typedef void (*tio_pq_column_free_fn)(tio_pq_column *c);
 typedef void (*tio_pq_close_fn)(tio_pq *f);
 
@@ -70,7 +87,11 @@ typedef struct {
     const char *version;   /* the Arrow version the shim was built against */
     tio_pq_open_fn open;
     tio_pq_row_group_rows_fn row_group_rows;
-    tio_pq_read_fn read;
+    tio_pq_row_group_bytes_fn row_group_bytes;
+    tio_pq_rows_open_fn rows_open;
+    tio_pq_rows_skip_fn rows_skip;
+    tio_pq_rows_read_fn rows_read;
+    tio_pq_rows_close_fn rows_close;
     tio_pq_column_free_fn column_free;
     tio_pq_close_fn close;
 } tio_pq_api;

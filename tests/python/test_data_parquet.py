@@ -296,3 +296,65 @@ def test_unavailable_without_the_shim_says_why(root, tmp_path):
     assert f"(False, '{tmp_path}/missing.so: no such file (TERAIO_PARQUET_LIBRARY)')" in p.stdout
     assert "raised: ids/part.parquet: Parquet is unavailable: " in p.stdout
     assert "jsonl ok torch.Size([8])" in p.stdout
+
+
+BOMB_ROWS, BOMB_ROW_BYTES = 20000, 10000   # 200 MB of text in one row group
+
+
+def bomb_text(d):
+    base = "the quick brown fox jumps over the lazy dog " * (BOMB_ROW_BYTES // 44 + 1)
+    return (f"{d:08d} " + base)[:BOMB_ROW_BYTES]
+
+
+def bomb_root(tmp_path, dictionary):
+    r = tmp_path / ("dict" if dictionary else "plain")
+    (r / "s").mkdir(parents=True)
+    rows = [bomb_text(0)] * BOMB_ROWS if dictionary else [bomb_text(d) for d in range(BOMB_ROWS)]
+    pq.write_table(pa.table({"text": rows}), r / "s" / "x.parquet", row_group_size=BOMB_ROWS,
+                   compression="zstd", use_dictionary=dictionary)
+    del rows
+    return r
+
+
+def test_parquet_bomb_costs_a_window_not_the_row_group(tmp_path):
+    """Issue 26 item 5: a small file whose one row group holds 200 MB of text.
+    Decoding it whole took 1.5 GB of RSS in `teraio data sample`; read a
+    slice of rows at a time it takes a window's memory, and every sample is
+    the rows' own bytes."""
+    r = bomb_root(tmp_path, dictionary=False)
+    assert (r / "s" / "x.parquet").stat().st_size < 4 << 20
+    wrap = ("import resource, subprocess, sys\n"
+            "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+            "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+            "sys.stdout.write(p.stdout + p.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", wrap, str(TERAIO), "data", "sample", str(r), "--count", "40",
+                        "--seq-len", "64"], capture_output=True, text=True, timeout=300)
+    rc, peak_kib = map(int, p.stdout.split("\n", 1)[0].split())
+    assert rc == 0, p.stdout
+    assert peak_kib < 400 << 10, peak_kib               # was 1.5 GB
+    ds = StreamingDataset(str(r), seq_len=64, tokenizer="bytes", eos_id=0, provenance=True,
+                          logical_shards=4)
+    it = iter(ds)
+    for _ in range(30):
+        s = next(it)
+        toks = torch.cat([s["input_ids"], s["labels"][-1:]]).tolist()
+        at = 0
+        for _, _, d, off, n, _ in s["provenance"].tolist():
+            want = list(bomb_text(d).encode()) + [0]
+            assert toks[at:at + n] == want[off:off + n], d
+            at += n
+    # the rows of a slice are named by their own row group and row
+    assert ds.locate(0, 0, BOMB_ROWS - 1) == {"path": "s/x.parquet", "format": "Parquet text",
+                                              "unit": 0, "row": BOMB_ROWS - 1}
+
+
+def test_parquet_bomb_whose_footer_understates_it_is_refused_by_name(tmp_path):
+    """A dictionary-encoded column declares a few kilobytes for 200 MB of
+    text: what the rows really hold is bounded (max(cache_bytes,
+    max_line_bytes)), and the error names the file, row group and rows."""
+    r = bomb_root(tmp_path, dictionary=True)
+    ds = StreamingDataset(str(r), seq_len=64, tokenizer="bytes", eos_id=0, cache_bytes=16 << 20,
+                          max_line_bytes=1 << 20)
+    with pytest.raises(TeraioError, match=r"s/x.parquet: row group 0, rows 0 to \d+: column 'text' holds "
+                                          r"more than 16777216 bytes, the most one window may decode"):
+        next(iter(ds))
