@@ -21,6 +21,16 @@ of ranks: DCP reshards model and optimizer, every new rank loads the states
 of all old ranks' loaders and takes over its share of their logical shards
 (nothing repeated or skipped within the epoch), and the step count continues.
 
+Checkpoints belong to their run.  A run has an identity: a random run id and
+the hash of the settings that make it the run it is (model, tokenizer,
+learning rate, seed, mixing, loader), saved in ``CKPT/run.json`` and in every
+checkpoint's ``train.json``.  A fresh run refuses a checkpoint folder that
+holds another run's checkpoints (``--overwrite`` removes them first); a
+resumed run keeps its run id and checks its settings against the
+checkpoint's.  ``--resume`` of a folder whose newest checkpoint is damaged (a
+rank's ``.distcp`` missing or short, the metadata unreadable) says so in one
+line and resumes the newest complete one; with ``--resume-strict`` it refuses.
+
 Without ``--data`` the job writes its own corpus into ``OUT/corpus`` from the
 running Python's standard library (docstrings in ``prose``, function and
 class sources in ``code``), so it runs on a fresh clone.  On a terminal rank
@@ -34,6 +44,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -43,6 +54,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -58,6 +70,10 @@ from teraio.tok import Tokenizer
 LOADER_KEY = "loader.rank{:05d}"
 STEP_DIR = "step-{:08d}"
 MODEL_ARGS = ("dim", "layers", "heads", "ffn", "seq_len", "tokenizer")
+# what makes a run the run it is: a resume must keep these (the number of ranks, the
+# steps and the batch may change)
+CONFIG_ARGS = MODEL_ARGS + ("lr", "seed", "weights", "logical_shards", "shuffle_buffer")
+RUN_FILE = "run.json"
 
 
 def parse_args(argv=None):
@@ -87,7 +103,11 @@ def parse_args(argv=None):
     p.add_argument("--ckpt-dir", help="where checkpoints go (default OUT/ckpt)")
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every K steps (0: never)")
     p.add_argument("--resume", help="a checkpoint (step-N folder) or a folder of them (the newest "
-                   "complete one); any number of ranks")
+                   "complete one; a damaged newer one is named and passed over); any number of ranks")
+    p.add_argument("--resume-strict", action="store_true", help="with --resume of a folder: refuse "
+                   "if its newest checkpoint is damaged, instead of resuming the newest complete one")
+    p.add_argument("--overwrite", action="store_true", help="a fresh run whose checkpoint folder holds "
+                   "another run's checkpoints removes them (without it, it refuses)")
     p.add_argument("--offload-capacity", type=capacity, metavar="C", help="offload tensors with "
                    "teraio: C is each rank's capacity, a share of its profiled peak (0 < C <= 1) or "
                    "bytes (an integer > 1)")
@@ -110,6 +130,10 @@ def parse_args(argv=None):
         p.error("--dim must be a multiple of --heads with an even head size")
     if args.ckpt_every < 0 or args.shuffle_buffer < 0:
         p.error("--ckpt-every and --shuffle-buffer must be >= 0")
+    if args.overwrite and args.resume:
+        p.error("--overwrite starts a fresh run: it does not go with --resume")
+    if args.resume_strict and not args.resume:
+        p.error("--resume-strict goes with --resume")
     args.weights = parse_weights(p, args.weights)
     args.kill_at = None
     if args.kill_in_checkpoint:
@@ -277,14 +301,76 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(args, step: int, model, optimizer, ds, rank: int) -> Path:
+def run_config(args) -> dict:
+    return {k: getattr(args, k) for k in CONFIG_ARGS}
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def checkpoints_in(folder: Path) -> list[Path]:
+    """The step-N folders of `folder` (complete or not, not .partial), oldest first."""
+    return sorted(p for p in folder.glob("step-*") if re.fullmatch(r"step-\d+", p.name))
+
+
+def checkpoint_run(path: Path) -> str | None:
+    """The run id a checkpoint was saved by (None: unreadable, or saved before run ids)."""
+    try:
+        return json.loads((path / "train.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def claim_ckpt_dir(args, run_id: str, rank: int) -> None:
+    """Make the checkpoint folder this run's, or refuse (every rank raises the same
+    SystemExit): a fresh run may not write beside another run's checkpoints."""
+    why = None
+    if rank == 0:
+        folder = args.ckpt_dir
+        try:
+            owner = json.loads((folder / RUN_FILE).read_text()).get("run_id")
+        except FileNotFoundError:
+            owner = None
+        except (OSError, ValueError, AttributeError) as e:
+            owner = f"unreadable {RUN_FILE} ({e})"
+        # (a resumed run whose checkpoints predate run ids adopts them)
+        others = [p for p in checkpoints_in(folder) if checkpoint_run(p) != run_id
+                  and not (args.resume and checkpoint_run(p) is None)]
+        if args.overwrite:
+            for stale in [*folder.glob("step-*"), folder / RUN_FILE]:
+                if stale.is_dir():
+                    shutil.rmtree(stale)
+                elif stale.exists():
+                    stale.unlink()
+        elif (owner is not None and owner != run_id) or others:
+            named = others[-1].name if others else RUN_FILE
+            why = (f"train.py: {folder} holds another run's checkpoints (run {owner or checkpoint_run(others[-1])}, "
+                   f"{named}): pass --resume {folder} to continue that run, --overwrite to replace them, "
+                   f"or another --out or --ckpt-dir")
+        if why is None:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / (RUN_FILE + ".tmp")
+            tmp.write_text(json.dumps({"run_id": run_id, "config_hash": config_hash(run_config(args)),
+                                       "config": run_config(args)}))
+            tmp.rename(folder / RUN_FILE)
+    box = [why]
+    dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise SystemExit(box[0])
+
+
+def save_checkpoint(args, step: int, model, optimizer, ds, rank: int, run_id: str) -> Path:
     final = args.ckpt_dir / STEP_DIR.format(step)
     partial = final.with_name(final.name + ".partial")
     if rank == 0:
         for stale in (partial, final):
             shutil.rmtree(stale, ignore_errors=True)
         partial.mkdir(parents=True)
-        (partial / "train.json").write_text(json.dumps({k: getattr(args, k) for k in MODEL_ARGS}))
+        config = run_config(args)
+        (partial / "train.json").write_text(json.dumps({**{k: getattr(args, k) for k in MODEL_ARGS},
+                                                        "run_id": run_id, "config": config,
+                                                        "config_hash": config_hash(config)}))
     dist.barrier()
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd, "step": step, LOADER_KEY.format(ds.rank): ds.state_dict()}
@@ -298,15 +384,56 @@ def save_checkpoint(args, step: int, model, optimizer, ds, rank: int) -> Path:
     return final
 
 
-def find_checkpoint(path: Path) -> Path:
-    """`path` itself when it is a complete checkpoint, else its newest complete step-N folder."""
-    if (path / ".metadata").is_file():
+def checkpoint_damage(path: Path) -> str | None:
+    """Why checkpoint `path` cannot be resumed (None: complete): its metadata, its
+    train.json and every byte range the metadata names in the ranks' files."""
+    if not (path / ".metadata").is_file():
+        return "no .metadata: it was never completed"
+    try:
+        json.loads((path / "train.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"train.json unreadable ({e})"
+    try:
+        md = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 (whatever unpickling a damaged file raises)
+        return f".metadata unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    need: dict[str, int] = {}
+    for info in (md.storage_data or {}).values():
+        end = info.offset + info.length
+        need[info.relative_path] = max(need.get(info.relative_path, 0), end)
+    for rel, end in sorted(need.items()):
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size < end:
+            return f"{rel} holds {f.stat().st_size} bytes, the metadata needs {end}"
+    return None
+
+
+def find_checkpoint(path: Path, strict: bool = False) -> Path:
+    """`path` itself when it is a checkpoint, else its newest complete step-N folder: a
+    damaged newer one is named in one line and passed over (refused when `strict`)."""
+    if (path / ".metadata").exists() or (path / "train.json").exists() or re.fullmatch(r"step-\d+", path.name):
+        why = checkpoint_damage(path)
+        if why:
+            raise SystemExit(f"train.py: {path}: damaged checkpoint: {why}")
         return path
-    done = sorted(p for p in path.glob("step-*") if re.fullmatch(r"step-\d+", p.name)
-                  and (p / ".metadata").is_file())
-    if not done:
-        raise SystemExit(f"train.py: {path}: no complete checkpoint (step-N folder with .metadata)")
-    return done[-1]
+    if not path.is_dir():
+        raise SystemExit(f"train.py: --resume {path}: no such checkpoint or folder")
+    damaged = []
+    for p in reversed(checkpoints_in(path)):
+        why = checkpoint_damage(p)
+        if why is None:
+            if damaged:
+                print(f"train.py: {damaged[0][0]} is damaged ({damaged[0][1]}): resuming {p.name}, the newest "
+                      f"complete checkpoint", file=sys.stderr, flush=True)
+            return p
+        if strict:
+            raise SystemExit(f"train.py: {p}: damaged checkpoint: {why} (--resume-strict; without it the "
+                             f"newest complete one is resumed)")
+        damaged.append((p, why))
+    raise SystemExit(f"train.py: {path}: no complete checkpoint (step-N folder with .metadata)"
+                     + (f"; {damaged[0][0].name}: {damaged[0][1]}" if damaged else ""))
 
 
 def saved_loader_ranks(path: Path) -> list[int]:
@@ -315,11 +442,13 @@ def saved_loader_ranks(path: Path) -> list[int]:
     return sorted(int(m[1]) for k in keys if (m := re.fullmatch(r"loader\.rank(\d+)\.state", k)))
 
 
-def load_checkpoint(args, path: Path, model, optimizer, ds) -> int:
-    """Restore model, optimizer and loader from `path`; return its step."""
+def load_checkpoint(args, path: Path, model, optimizer, ds) -> tuple[int, str]:
+    """Restore model, optimizer and loader from `path`; return its step and run id (a
+    new one for a checkpoint saved before run ids)."""
     saved = json.loads((path / "train.json").read_text())
-    wrong = [f"--{k.replace('_', '-')} {saved[k]} (not {getattr(args, k)})" for k in MODEL_ARGS
-             if saved.get(k) != getattr(args, k)]
+    config = saved.get("config", {k: saved.get(k) for k in MODEL_ARGS})
+    wrong = [f"--{k.replace('_', '-')} {config[k]} (not {getattr(args, k)})" for k in config
+             if k in CONFIG_ARGS and config[k] != getattr(args, k)]
     if wrong:
         raise SystemExit(f"train.py: {path} was trained with " + ", ".join(wrong))
     old_ranks = saved_loader_ranks(path)
@@ -327,10 +456,14 @@ def load_checkpoint(args, path: Path, model, optimizer, ds) -> int:
     state = {"model": msd, "optim": osd, "step": 0}
     for r in old_ranks:
         state[LOADER_KEY.format(r)] = {"rank": 0, "world_size": 0, "state": b""}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as e:  # noqa: BLE001 (DCP gathers every rank's error into one)
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise SystemExit(f"train.py: {path}: the checkpoint cannot be loaded: {first[:300]}") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     ds.load_state_dict([state[LOADER_KEY.format(r)] for r in old_ranks])
-    return int(state["step"])
+    return int(state["step"]), saved.get("run_id") or uuid.uuid4().hex
 
 
 # ---------------------------------------------------------------- output ---
@@ -421,9 +554,16 @@ def train(args) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     ds = open_dataset(args, mesh, rank, world, eos_id)
     start = 0
+    run_id = uuid.uuid4().hex
     if args.resume:
-        path = find_checkpoint(Path(args.resume))
-        start = load_checkpoint(args, path, model, optimizer, ds)
+        path = find_checkpoint(Path(args.resume), strict=args.resume_strict)
+        start, run_id = load_checkpoint(args, path, model, optimizer, ds)
+    # every rank draws its own id: rank 0's is the run's
+    box = [run_id]
+    dist.broadcast_object_list(box, src=0)
+    run_id = box[0]
+    if args.ckpt_every:
+        claim_ckpt_dir(args, run_id, rank)
     off = start_offload(args, model, optimizer)
     (args.out / "metrics").mkdir(parents=True, exist_ok=True)
     # a resumed run appends to the metrics of the run it continues (lines carry their step)
@@ -457,7 +597,7 @@ def train(args) -> int:
         progress.show(f"step {step}/{args.steps}  loss {mean:.4f}  "
                       f"{human(tokens_per_step / dt)} tokens/s{moved}")
         if args.ckpt_every and step % args.ckpt_every == 0:
-            last = save_checkpoint(args, step, model, optimizer, ds, rank)
+            last = save_checkpoint(args, step, model, optimizer, ds, rank, run_id)
     metrics.close()
     elapsed = time.perf_counter() - t_start
     if losses:

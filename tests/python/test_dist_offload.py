@@ -72,7 +72,7 @@ def test_each_rank_plans_for_itself_and_moves_bytes(runs, job):
         want = job[0] / f"ssd{rank}" if parallel == "ddp" else offloaded / "ssd"
         assert s["report"]["ssd_dirs"] == [str(want)], (parallel, rank)
     if parallel == "fsdp":          # a checkpoint taken while tensors were offloaded
-        assert sorted(p.name for p in (offloaded / "ckpt").iterdir()) == ["step-00000003"]
+        assert sorted(p.name for p in (offloaded / "ckpt").iterdir()) == ["run.json", "step-00000003"]
 
 
 def test_collectives_are_kernels_of_the_trace(runs):

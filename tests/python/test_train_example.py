@@ -27,7 +27,7 @@ def run_k(job):
 
 def test_two_ranks_checkpoint_every_three_steps(run_a):
     ckpts = sorted(p.name for p in (run_a / "ckpt").iterdir())
-    assert ckpts == ["step-00000003", "step-00000006"]
+    assert ckpts == ["run.json", "step-00000003", "step-00000006"]
     for rank in (0, 1):
         rows = metrics(run_a, rank)
         assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
@@ -43,7 +43,7 @@ def test_kill_in_checkpoint_leaves_previous_complete(run_a, run_k):
     for rank in (0, 1):
         assert [r["loss"] for r in metrics(run_k, rank)] == [r["loss"] for r in metrics(run_a, rank)]
     names = sorted(p.name for p in (run_k / "ckpt").iterdir())
-    assert names == ["step-00000003", "step-00000006.partial"]
+    assert names == ["run.json", "step-00000003", "step-00000006.partial"]
     partial = run_k / "ckpt" / "step-00000006.partial"
     assert not (partial / ".metadata").exists()          # never completed
     assert (run_k / "ckpt" / "step-00000003" / ".metadata").is_file()
@@ -104,3 +104,61 @@ def test_plain_process_writes_its_own_corpus(tmp_path):
     assert [row["step"] for row in metrics(out, 0)] == [1, 2]
     assert r.stdout.startswith("train: steps 1-2 on 1 rank (ddp, gloo)"), r.stdout
     shutil.rmtree(out / "tmp", ignore_errors=True)
+
+
+def test_checkpoints_belong_to_their_run(job, run_a, tmp_path):
+    """Issue 26 item 8: a fresh run in another run's --out replaced its step 3 and kept
+    its step 6, and --resume then continued the other run.  Now each checkpoint names
+    its run (a random id and the settings' hash), a fresh run refuses a folder of
+    another run's checkpoints, and --overwrite replaces them."""
+    import json
+    base, _, common = job
+    saved = json.loads((run_a / "ckpt" / "step-00000003" / "train.json").read_text())
+    run = json.loads((run_a / "ckpt" / "run.json").read_text())
+    assert len(saved["run_id"]) == 32 and saved["run_id"] == run["run_id"]
+    assert saved["config_hash"] == run["config_hash"] and saved["config"]["lr"] == 1e-2
+    out = tmp_path / "A2"
+    shutil.copytree(run_a / "ckpt", out / "ckpt")
+    r = torchrun(2, "--out", out, "--steps", 3, "--ckpt-every", 3, *common, tmp=base / "tmp", expect_rc=1)
+    assert f"{out / 'ckpt'} holds another run's checkpoints (run {saved['run_id']}, step-00000006): " \
+           f"pass --resume {out / 'ckpt'} to continue that run, --overwrite to replace them" in r.stderr, \
+        r.stderr[-3000:]
+    # nothing of run A was touched
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["run.json", "step-00000003", "step-00000006"]
+    assert json.loads((out / "ckpt" / "step-00000003" / "train.json").read_text()) == saved
+    r = torchrun(2, "--out", out, "--steps", 3, "--ckpt-every", 3, "--overwrite", *common, tmp=base / "tmp")
+    assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["run.json", "step-00000003"]
+    mine = json.loads((out / "ckpt" / "step-00000003" / "train.json").read_text())
+    assert mine["run_id"] != saved["run_id"]
+    assert mine["run_id"] == json.loads((out / "ckpt" / "run.json").read_text())["run_id"]
+
+
+def test_damaged_newest_checkpoint_falls_back_or_is_refused(job, run_a, tmp_path):
+    """Issue 26 item 9: one rank's .distcp missing from the newest checkpoint gave 7 DCP
+    tracebacks and the complete previous checkpoint was not used.  Now --resume names
+    the damage in one line and resumes step 3 (A's losses after it, bit for bit);
+    --resume-strict refuses in one line."""
+    base, _, common = job
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run_a / "ckpt", ckpt)
+    (ckpt / "step-00000006" / "__1_0.distcp").unlink()
+    out = tmp_path / "R"
+    r = torchrun(2, "--out", out, "--steps", 6, "--resume", ckpt, "--resume-strict", *common,
+                 tmp=base / "tmp", expect_rc=1)
+    line = (f"train.py: {ckpt / 'step-00000006'}: damaged checkpoint: __1_0.distcp is missing "
+            f"(--resume-strict; without it the newest complete one is resumed)")
+    assert line in r.stderr, r.stderr[-3000:]
+    assert r.stderr.count("Traceback") == 1, r.stderr[-6000:]    # torchrun's own, none from the ranks
+    r = torchrun(2, "--out", out, "--steps", 6, "--resume", ckpt, *common, tmp=base / "tmp")
+    assert (f"train.py: {ckpt / 'step-00000006'} is damaged (__1_0.distcp is missing): resuming "
+            f"step-00000003, the newest complete checkpoint") in r.stderr, r.stderr[-3000:]
+    for rank in (0, 1):
+        got = metrics(out, rank)
+        assert [g["step"] for g in got] == [4, 5, 6]
+        assert [g["loss"] for g in got] == [w["loss"] for w in metrics(run_a, rank)[3:]]
+    # a short file is damage too, named with its sizes
+    f = ckpt / "step-00000003" / "__0_0.distcp"
+    f.write_bytes(f.read_bytes()[:100])
+    r = torchrun(2, "--out", out, "--steps", 6, "--resume", ckpt / "step-00000003", *common,
+                 tmp=base / "tmp", expect_rc=1)
+    assert "damaged checkpoint: __0_0.distcp holds 100 bytes, the metadata needs" in r.stderr, r.stderr[-3000:]
