@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char_p, c_double, c_int, c_int64,
                     c_size_t, c_uint, c_uint8, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
@@ -62,8 +63,32 @@ tio_set_log = _fn("tio_set_log", None, LOG_FN, c_void_p, c_int)
 tio_free = _fn("tio_free", None, c_void_p)
 
 
+_pending = threading.local()  # an exception raised in a callback of this thread
+
+
+def callback(fn, failed_rc: int = -4):
+    """The body of a ctypes callback that lets no exception fall into ctypes
+    (which prints it as ignored and hands C an undefined value): the
+    exception is kept for this thread's next check() to raise, the first one
+    wins, and C gets `failed_rc` (-EINTR), so a Ctrl-C inside a callback is
+    a KeyboardInterrupt again, not "Cannot allocate memory"."""
+    def body(*args):
+        try:
+            return fn(*args)
+        except BaseException as e:  # noqa: BLE001 (re-raised by check)
+            if getattr(_pending, "exc", None) is None:
+                _pending.exc = e
+            return failed_rc
+    return body
+
+
 def check(rc: int) -> int:
-    """Raise TeraioError for a negative return code, else return it."""
+    """Raise the exception a callback of this thread kept (see callback),
+    else TeraioError for a negative return code, else return `rc`."""
+    exc = getattr(_pending, "exc", None)
+    if exc is not None:
+        _pending.exc = None
+        raise exc
     if rc < 0:
         msg = (tio_last_error() or b"").decode(errors="replace") or tio_strerror(rc).decode()
         raise TeraioError(rc, msg)

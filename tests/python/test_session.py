@@ -187,6 +187,46 @@ def test_an_exception_entering_a_step_leaves_the_next_step_runnable(tmp_path):
     off.close()
 
 
+def test_ctrl_c_inside_a_callback_is_a_keyboard_interrupt(tmp_path, monkeypatch):
+    """A Ctrl-C that lands in the allocate callback (Python code the C runtime
+    calls) was printed as ignored by ctypes and the step failed with "Cannot
+    allocate memory".  Now it is the KeyboardInterrupt, and the next step runs."""
+    from teraio.torch.runtime import OffloadRuntime
+    real, armed = OffloadRuntime._allocate, []
+
+    def allocate(self, *args):
+        if armed:
+            armed.clear()
+            raise KeyboardInterrupt
+        return real(self, *args)
+
+    monkeypatch.setattr(OffloadRuntime, "_allocate", allocate)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = teraio.torch.offload(model, opt, capacity=0.6, ssd=[str(tmp_path)])
+    x = torch.randn(32, 64)
+
+    def step():
+        with off.step():
+            model(x).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    for _ in range(3):
+        step()
+    assert off.report()["planned_iterations"] == 1 and off.report()["bytes_prefetched"] > 0
+    armed.append(True)
+    with pytest.raises(KeyboardInterrupt):
+        step()
+    assert not armed                                  # it was raised inside the callback
+    for _ in range(2):
+        step()
+    rep = off.report()
+    assert rep["planned_iterations"] >= 3 and rep["over_capacity_kernels"] == 0
+    off.close()
+
+
 def test_compiled_report_counts_a_step_over_its_capacity(tmp_path):
     """The compiled path's resident bytes come from the C runtime: a step run
     under a plan made for the whole peak (it moves nothing) but held to half

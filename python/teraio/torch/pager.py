@@ -69,8 +69,8 @@ class Pager:
         self._bytes: dict[int, int] = {}                 # slot -> bytes when tracked
         self._global: set[int] = set()                   # slots of global tensors
         self._dead: list[int] = []                       # slots whose storage died
-        self._alloc_cb = L.ALLOCATE_FN(self._allocate)
-        self._release_cb = L.RELEASE_FN(self._release)
+        self._alloc_cb = L.ALLOCATE_FN(L.callback(self._allocate))
+        self._release_cb = L.RELEASE_FN(L.callback(self._release))
         self._cbs = L.PagerCallbacks(None, self._alloc_cb, self._release_cb)
         self._p = ctypes.c_void_p()
         L.check(L.tio_pager_create(engine._p, capacity_bytes, capacity_share, ctypes.byref(self._cbs),

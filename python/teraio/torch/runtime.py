@@ -114,12 +114,12 @@ def _yield_gil() -> None:
     time.sleep(0)
 
 
-@L.LOG_FN
-def _log_cb(ctx, level, msg):
+def _log(ctx, level, msg):
     text = msg.decode(errors="replace")
     log.log({0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING}.get(level, logging.ERROR), "%s", text)
 
 
+_log_cb = L.LOG_FN(L.callback(_log, None))
 L.tio_set_log(_log_cb, None, 1)
 
 
@@ -266,12 +266,12 @@ class OffloadRuntime:
             staging = devices != {"cpu"}
         self.staging = staging
         self._stage: dict[int, torch.Tensor] = {}
-        self._alloc_cb = L.ALLOCATE_FN(self._allocate)
-        self._release_cb = L.RELEASE_FN(self._release)
+        self._alloc_cb = L.ALLOCATE_FN(L.callback(self._allocate))
+        self._release_cb = L.RELEASE_FN(L.callback(self._release))
         if staging:
-            self._stage_out_cb = L.STAGE_FN(self._stage_out)
-            self._stage_in_cb = L.STAGE_FN(self._stage_in)
-            self._unstage_cb = L.UNSTAGE_FN(self._unstage)
+            self._stage_out_cb = L.STAGE_FN(L.callback(self._stage_out))
+            self._stage_in_cb = L.STAGE_FN(L.callback(self._stage_in))
+            self._unstage_cb = L.UNSTAGE_FN(L.callback(self._unstage))
             self._cbs = L.RuntimeCallbacks(None, self._alloc_cb, self._release_cb, self._stage_out_cb,
                                            self._stage_in_cb, self._unstage_cb)
         else:
