@@ -7,6 +7,7 @@ only, the two plan caches trimmed by different rules, and the compiled path
 checked the capacity again in Python with its own figures.  Each case here
 runs on both paths.
 """
+import contextlib
 import ast
 import re
 import pathlib
@@ -411,3 +412,73 @@ def _mlp_step(m, o, x) -> float:
     o.step()
     return loss.item()
 
+
+
+def _state_hash(model, opt) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    for st in opt.state.values():
+        for v in st.values():
+            h.update(v.detach().numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+    return h.hexdigest()
+
+
+def test_a_monitoring_thread_reads_inside_reading(tmp_path):
+    """Issue 26 item 4: a second thread that read parameters or optimizer state
+    while the main thread trained got SIGSEGV (a storage released under it).
+    Inside ``off.reading()`` it waits for a step boundary, where every tensor
+    is back and none moves: each of its many reads is the model and optimizer
+    of some step of the run without teraio, exactly, and the losses are that
+    run's."""
+    import threading
+
+    def job():
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3), torch.randn(64, 256)
+
+    def train(model, opt, x, off, after=None):
+        losses = []
+        for _ in range(16):
+            with off.step() if off is not None else contextlib.nullcontext():
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+            if after:
+                after()
+        return losses
+
+    model, opt, x = job()
+    states = {_state_hash(model, opt)}
+    plain = train(model, opt, x, None, after=lambda: states.add(_state_hash(model, opt)))
+    model, opt, x = job()
+    off = teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path)])
+    seen, errors, stop = [], [], threading.Event()
+
+    def monitor():
+        try:
+            while not stop.is_set():
+                with off.reading(timeout=60):
+                    seen.append(_state_hash(model, opt))
+        except BaseException as e:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(e)
+
+    t = threading.Thread(target=monitor)
+    t.start()
+    got = train(model, opt, x, off)
+    rep = off.report()
+    stop.set()
+    off.close()                       # a reader waiting now goes on: everything is back
+    t.join(timeout=60)
+    assert not errors and not t.is_alive(), errors
+    assert got == plain
+    assert rep["planned_iterations"] >= 10 and rep["bytes_offloaded"] > 0
+    assert len(seen) >= 8 and set(seen) <= states, (len(seen), len(set(seen) - states))
+    assert len(set(seen)) >= 4          # reads at many different steps
+    # from the driving thread, between steps, it is fetch_all()
+    with off.reading():
+        pass

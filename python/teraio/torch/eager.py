@@ -167,6 +167,10 @@ class EagerSession(Session):
             return {"profiling": self._profiling}
         return {"profiling": add_stats(self._profiling, self._pager.stats())}
 
+    def _fetch_driver(self) -> None:
+        if self._pager is not None:
+            self._pager.fetch_all()
+
     def _close_driver(self) -> None:
         if self._pager is not None:
             self._add_profiling(self._pager)

@@ -41,6 +41,7 @@ places them again.  The session is driven from the thread that created it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -237,6 +238,14 @@ class Session:
         self._totals = {k: 0 for k in _SUMS + _MAXES}
         self._counts = collections.Counter()
         self._step_kind: str | None = None     # "profile", "run" or "plain" while a step runs
+        # reading() from other threads: they wait here for a step boundary
+        self._readers = threading.Condition()
+        self._readers_waiting = 0
+        self._readers_in = 0
+        self._readers_open = False             # the driving thread has fetched all and waits
+        self._readers_error: str | None = None
+        self._boundaries = 0                   # boundaries that let readers in
+        self._admit_left = 0                   # readers the open boundary still waits for
 
     # -- public ---------------------------------------------------------------
     def step(self):
@@ -280,6 +289,72 @@ class Session:
             raise RuntimeError("teraio.torch.offload: fetch_all() inside a step; call it between steps")
         if self._rt is not None:
             self._rt.fetch_all()
+        self._fetch_driver()
+
+    @contextlib.contextmanager
+    def reading(self, timeout: float | None = None):
+        """Context manager for reading the model's or the optimizer's tensors
+        from another thread (a monitor, an asynchronous checkpointer).
+        Offloading releases a tensor's memory under the thread that drives
+        the session, so an unguarded read from another thread may touch freed
+        memory (a segfault).  Inside ``with off.reading():`` every tensor is
+        resident and none moves: the caller waits for the driving thread's
+        next step boundary (the entry or the exit of a step, or close()),
+        where that thread brings every tensor back and waits until the
+        readers waiting then have left (one that comes while they read waits
+        for the next boundary, so readers cannot stall training); the next step then puts them back where its plan
+        has them.  From the driving thread itself (between steps) it is
+        fetch_all().  Raises TimeoutError if no boundary comes within
+        `timeout` seconds (None: wait), RuntimeError if the tensors could not
+        be brought back (the reason is in the message)."""
+        if threading.get_ident() == self._thread:
+            if not self._closed:
+                self.fetch_all()
+            yield self
+            return
+        with self._readers:
+            self._readers_waiting += 1
+            arrived = self._boundaries         # a boundary opened after this lets it in
+            self._readers.notify_all()
+            try:
+                if not self._readers.wait_for(
+                        lambda: self._closed or (self._readers_open and self._boundaries > arrived), timeout):
+                    raise TimeoutError(f"teraio.torch.offload: reading(): no step boundary within {timeout} s")
+                if self._readers_open and self._boundaries > arrived:
+                    self._admit_left -= 1
+                    self._readers.notify_all()
+                    if self._readers_error:
+                        raise RuntimeError(f"teraio.torch.offload: reading(): {self._readers_error}")
+                self._readers_in += 1
+            finally:
+                self._readers_waiting -= 1
+        try:
+            yield self
+        finally:
+            with self._readers:
+                self._readers_in -= 1
+                self._readers.notify_all()
+
+    def _serve_readers(self) -> None:
+        """At a step boundary on the driving thread: if other threads wait in
+        reading(), bring every tensor back, let them in, and wait until they
+        have left."""
+        with self._readers:
+            if not self._readers_waiting:
+                return
+        try:
+            self.fetch_all()
+            self._readers_error = None
+        except Exception as e:  # noqa: BLE001 (the readers are told; the step goes on)
+            self._readers_error = f"the tensors could not be brought back: {e}"
+        with self._readers:
+            # the readers waiting now come in; one that comes later waits for the next boundary
+            self._boundaries += 1
+            self._admit_left = self._readers_waiting
+            self._readers_open = True
+            self._readers.notify_all()
+            self._readers.wait_for(lambda: self._admit_left == 0 and self._readers_in == 0)
+            self._readers_open = False
 
     def report(self) -> dict:
         """What was profiled, planned and moved, and what it cost: the C
@@ -325,11 +400,16 @@ class Session:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-        self._closed = True
+        with self._readers:
+            self._closed = True                # readers waiting go on: everything is back
+            self._readers.notify_all()
         _release(self)
 
     def _close_driver(self) -> None:
         """What the driver holds besides the runtime (its pager)."""
+
+    def _fetch_driver(self) -> None:
+        """fetch_all() of what the driver holds besides the runtime (its pager)."""
 
     def __enter__(self):
         return self
@@ -538,6 +618,7 @@ class Session:
         self._check()
         if self._step_kind is not None:
             raise RuntimeError("teraio.torch.offload: step() is already running")
+        self._serve_readers()
         if self._rt is not None:
             kind, begin = "run", self._run_begin
         elif self._profile_left > 0:
@@ -552,6 +633,12 @@ class Session:
             raise
 
     def _exit(self, exc) -> None:
+        try:
+            self._end_step(exc)
+        finally:
+            self._serve_readers()
+
+    def _end_step(self, exc) -> None:
         kind, self._step_kind = self._step_kind, None
         failed = exc[0] is not None
         if kind == "profile":
