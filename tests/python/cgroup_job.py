@@ -4,10 +4,14 @@ run by test_cgroup.py inside a memory cgroup.  Writes its losses, a hash of
 its final parameters and what it measured as JSON to argv[1].
 
     cgroup_job.py OUT.json plain|teraio [--capacity 0.25] [--ssd DIR] [--globals]
+    torchrun --nproc-per-node 2 cgroup_job.py OUT.json plain|teraio --ddp ...
 
 --globals: a wider model on short sequences, whose parameters, gradients
 and AdamW states are most of its peak; its gradients are kept between steps
 (zero_grad(set_to_none=False)), so they are global tensors like the rest.
+--ddp: each torchrun rank trains the model under DistributedDataParallel
+(gloo) on batches of its own and writes OUT.json with ".rankN" before
+".json"; teraio profiles three steps (DDP rebuilds its buckets in step 2).
 """
 import argparse
 import hashlib
@@ -33,7 +37,14 @@ def main():
     ap.add_argument("--ssd")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--globals", action="store_true")
+    ap.add_argument("--ddp", action="store_true")
     a = ap.parse_args()
+    rank = 0
+    if a.ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        a.out = a.out.replace(".json", f".rank{rank}.json")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -45,15 +56,18 @@ def main():
         batch, seq = 8, 256
     torch.manual_seed(0)
     model = GPT2LMHeadModel(cfg)
+    if a.ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(1 + rank)
     batches = [torch.randint(0, cfg.vocab_size, (batch, seq), generator=g) for _ in range(a.steps)]
     off = None
     if a.mode == "teraio":
         import teraio.torch
         # the activations evicted while profiling are more than the default SSD space (32 times
         # the model's tensors): space_bytes gives room for the job's peak
-        off = teraio.torch.offload(model, opt, capacity=a.capacity, ssd=a.ssd, space_bytes=2 << 30)
+        off = teraio.torch.offload(model, opt, capacity=a.capacity, ssd=a.ssd, space_bytes=2 << 30,
+                                   profile_iterations=3 if a.ddp else 2)
     rss_before = status_kb("VmRSS") * 1024
     losses = []
     for b in batches:
@@ -76,6 +90,8 @@ def main():
     out["params_sha256"] = h.hexdigest()
     with open(a.out, "w") as f:
         json.dump(out, f)
+    if a.ddp:
+        dist.barrier()
     if off is not None:
         # close() would bring every tensor back, the optimizer's states too: more than the limit.
         # The backing file goes with the process (a later engine removes a stale one).

@@ -33,9 +33,13 @@ OVERHEAD_BYTES = 32 << 20  # docs/runtime.md, "The profiled steps keep the capac
 class MemoryCgroup(limit.MemoryCgroup):
     """teraio.demo.limit's cgroup, running cgroup_job.py inside it."""
 
-    def run(self, args, timeout=900) -> subprocess.CompletedProcess:
+    def run(self, args, timeout=900, ranks=0) -> subprocess.CompletedProcess:
+        """cgroup_job.py with `args`; with `ranks`, under torchrun (the launcher
+        and every rank inside the cgroup)."""
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        return subprocess.run([sys.executable, str(JOB), *args], preexec_fn=self.join, capture_output=True,
+        launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+                  if ranks else [sys.executable])
+        return subprocess.run([*launch, str(JOB), *args], preexec_fn=self.join, capture_output=True,
                               text=True, timeout=timeout, env=env)
 
 
@@ -49,12 +53,16 @@ def cgroup():
     cg.remove()
 
 
-def _job(cg, tmp_path, name, *args):
+def _job(cg, tmp_path, name, *args, ranks=0):
     out = tmp_path / f"{name}.json"
     cg.reset_peak()
-    r = cg.run([str(out), *args])
+    r = cg.run([str(out), *args], ranks=ranks)
     peak = cg.peak_bytes()
-    result = json.loads(out.read_text()) if out.exists() else None
+    if ranks:
+        outs = [tmp_path / f"{name}.rank{i}.json" for i in range(ranks)]
+        result = [json.loads(o.read_text()) for o in outs] if all(o.exists() for o in outs) else None
+    else:
+        result = json.loads(out.read_text()) if out.exists() else None
     return r, result, peak
 
 
@@ -91,3 +99,37 @@ def test_a_job_that_does_not_fit_trains_under_teraio(cgroup, tmp_path, kind):
     assert rep["peak_process_rss_bytes"] <= got["rss_before_bytes"] + rep["capacity_bytes"] + OVERHEAD_BYTES
     print(f"{kind}: plain peak {plain_peak / 2**20:.0f} MiB, limit {limit / 2**20:.0f} MiB, "
           f"teraio peak {peak / 2**20:.0f} MiB, capacity {rep['capacity_bytes'] / 2**20:.0f} MiB")
+
+
+def test_a_ddp_job_that_does_not_fit_trains_under_teraio(cgroup, tmp_path):
+    """Two torchrun ranks (DDP, gloo), each the GPT-2 of the activations case on
+    batches of its own, in one cgroup at 0.6 of the plain job's peak (the
+    launcher's and both ranks' memory).  The plain job is killed there; under
+    teraio (capacity 0.25 of each rank's peak, three profiled steps) every
+    rank's profiled steps keep the capacity through the pager, whose
+    collectives' buffers stay put while gloo's threads read them, and every
+    rank's losses and final parameters are the plain run's, bit for bit."""
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    cgroup.set_limit(None)
+    r, plain, plain_peak = _job(cgroup, tmp_path, "plain", "plain", "--ddp", ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    limit = int(LIMIT_SHARE * plain_peak)
+    cgroup.set_limit(limit)
+    r, _, _ = _job(cgroup, tmp_path, "plain_limited", "plain", "--ddp", ranks=2)
+    assert r.returncode != 0 and "Signal 9 (SIGKILL)" in r.stderr, (r.returncode, r.stderr[-2000:])
+    r, got, peak = _job(cgroup, tmp_path, "teraio", "teraio", "--ddp", "--capacity", "0.25", "--ssd", str(ssd),
+                        ranks=2)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert peak < limit, (peak, limit, plain_peak)
+    for rank in (0, 1):
+        assert got[rank]["losses"] == plain[rank]["losses"], rank          # bit for bit
+        assert got[rank]["params_sha256"] == plain[rank]["params_sha256"], rank
+        rep = got[rank]["report"]
+        assert rep["profiled_iterations"] == 3 and rep["planned_iterations"] == 5, rank
+        assert rep["over_capacity_kernels"] == 0, rank
+        assert rep["profiling"]["evictions"] > 0, rank
+        assert rep["peak_process_rss_bytes"] <= got[rank]["rss_before_bytes"] + rep["capacity_bytes"] + OVERHEAD_BYTES
+    assert plain[0]["losses"] != plain[1]["losses"]           # the ranks trained on batches of their own
+    print(f"ddp: plain peak {plain_peak / 2**20:.0f} MiB, limit {limit / 2**20:.0f} MiB, "
+          f"teraio peak {peak / 2**20:.0f} MiB")

@@ -63,9 +63,6 @@ class EagerSession(Session):
         devices = {t.device.type for t, _, _ in global_tensors(self.model, self.optimizer)}
         if devices - {"cpu"}:
             return f"tensors on {', '.join(sorted(devices - {'cpu'}))}: the pager moves CPU memory only"
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return "a distributed job: collectives read buffers on their own threads"
         return None
 
     def _profile_next(self) -> None:

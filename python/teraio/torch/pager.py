@@ -69,6 +69,7 @@ class Pager:
         self._bytes: dict[int, int] = {}                 # slot -> bytes when tracked
         self._global: set[int] = set()                   # slots of global tensors
         self._dead: list[int] = []                       # slots whose storage died
+        self._pinned: set[int] = set()                   # slots of collectives' buffers (pin)
         self._alloc_cb = L.ALLOCATE_FN(L.callback(self._allocate))
         self._release_cb = L.RELEASE_FN(L.callback(self._release))
         self._cbs = L.PagerCallbacks(None, self._alloc_cb, self._release_cb)
@@ -140,6 +141,7 @@ class Pager:
         """Storage `st` is tracked in `slot` (forgotten when it dies)."""
         key = st._cdata
         self._slot[key] = slot
+        self._pinned.discard(slot)  # a slot handed out again
         self._storage[slot] = weakref.ref(st)
         self._bytes[slot] = nbytes
         if is_global:
@@ -157,6 +159,33 @@ class Pager:
             L.check(rc)
         self._remember(st, s.value, nbytes, is_global)
         return s.value
+
+    def pin(self, st) -> None:
+        """Storage `st` is a collective's buffer: another thread (gloo's,
+        NCCL's stream) reads or writes it until the collective completes,
+        which this thread does not see, so it is never evicted while it
+        lives (tracked as not movable; end_step forgets it as any other)."""
+        if not st.nbytes():
+            return
+        key = st._cdata
+        slot = self._slot.get(key)
+        if slot is not None and slot in self._pinned:
+            return
+        if slot is not None:
+            L.check(L.tio_pager_use(self._p, slot, None))   # resident, with its bytes
+            del self._slot[key]
+            self._storage.pop(slot, None)
+            self._bytes.pop(slot, None)
+            is_global = slot in self._global
+            self._global.discard(slot)
+            L.check(L.tio_pager_forget(self._p, slot))
+        else:
+            is_global = False
+        s = ctypes.c_uint32()
+        rc = L.tio_pager_track(self._p, st.data_ptr(), st.nbytes(), False, ctypes.byref(s))
+        self._remember(st, s.value, st.nbytes(), is_global)
+        self._pinned.add(s.value)
+        L.check(rc)
 
     def make_room(self) -> None:
         """Evict until the capacity holds (what the current kernel uses stays)."""

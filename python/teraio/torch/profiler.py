@@ -69,10 +69,11 @@ class _Recorder(TorchDispatchMode):
         acc: dict[int, int] = {}
         forward = torch.is_grad_enabled()
         pager = p.pager
+        collective = name.startswith("c10d.")
         if pager is not None:
             pager.kernel_begin(p._expected_out_bytes(name))
             for t in iter_tensors((args, kwargs)):
-                pager.use(t.untyped_storage())
+                (pager.pin if collective else pager.use)(t.untyped_storage())
         for t in iter_tensors((args, kwargs)):
             i = p._id_of(t.untyped_storage())
             if i is not None:
@@ -90,7 +91,7 @@ class _Recorder(TorchDispatchMode):
             if i is not None:
                 acc[i] = acc.get(i, 0) | WRITE
             if pager is not None:
-                pager.track(st)
+                (pager.pin if collective else pager.track)(st)
         p._kernels.append((name, dur, list(acc.items())))
         p._signature.append((name, tuple(sizes)))
         if forward:

@@ -545,16 +545,17 @@ class OffloadRuntime:
     def _paged_kernel(self, func, args, kwargs, name):
         """One operator of a diverged iteration, under the pager."""
         pager = self._paging
+        collective = name.startswith("c10d.")   # its buffers are another thread's until it completes
         pager.kernel_begin()
         for t in iter_tensors((args, kwargs)):
-            pager.use(t.untyped_storage())
+            (pager.pin if collective else pager.use)(t.untyped_storage())
         pager.make_room()
         out = func(*args, **kwargs)
         sizes = []
         for t in iter_tensors(out):
             st = t.untyped_storage()
             sizes.append((st.nbytes(), t.shape))
-            pager.track(st)
+            (pager.pin if collective else pager.track)(st)
         self._signature.append((name, tuple(sizes)))
         if self._curve is not None:
             self._note_curve()
