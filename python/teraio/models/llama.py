@@ -2,7 +2,9 @@
 
 Written out in plain PyTorch operators (attention as matmul + softmax, no
 fused kernels) so that every tensor the model allocates is visible to the
-profiler and the results are bit-for-bit reproducible on the CPU.
+profiler and the results are bit-for-bit reproducible on the CPU;
+``attention="sdpa"`` uses ``F.scaled_dot_product_attention`` instead (a
+fused operator with two outputs, as Hugging Face models use by default).
 Architecture after Touvron et al., "LLaMA" (arXiv 2302.13971): pre-norm
 residual blocks, RMSNorm (Zhang & Sennrich 2019), RoPE (Su et al. 2021),
 SwiGLU feed-forward (Shazeer 2020), untied output head.
@@ -27,6 +29,7 @@ class LlamaConfig:
     max_seq_len: int = 256
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    attention: str = "matmul"   # or "sdpa": F.scaled_dot_product_attention
 
 
 class RMSNorm(nn.Module):
@@ -58,6 +61,9 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.dim // cfg.n_heads
+        if cfg.attention not in ("matmul", "sdpa"):
+            raise ValueError(f"LlamaConfig.attention: {cfg.attention!r}, not 'matmul' or 'sdpa'")
+        self.sdpa = cfg.attention == "sdpa"
         self.wq = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.dim, bias=False)
@@ -69,8 +75,11 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + mask
-        out = F.softmax(scores, dim=-1) @ v
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + mask
+            out = F.softmax(scores, dim=-1) @ v
         return self.wo(out.transpose(1, 2).reshape(b, s, d))
 
 

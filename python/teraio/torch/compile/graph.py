@@ -111,6 +111,7 @@ class GraphInfo:
         self.storage_bytes: list[int] = []
         self._sid: dict = {}            # fx.Node or (fx.Node, i) -> local storage
         self._rep: dict[int, str] = {}  # local storage -> name of a node holding it
+        self._item: dict[int, tuple[str, int]] = {}  # storage of a tuple element -> (its node, i)
         self.input_is_tensor = []
         for ph in self.placeholders:
             val = ph.meta.get("val")
@@ -149,9 +150,10 @@ class GraphInfo:
             self.unplannable = "a tensor has a symbolic shape (dynamic shapes)"
         self.storage_bytes.append(nbytes)
         self._sid[value] = s
-        node = value if isinstance(value, fx.Node) else None
-        if node is not None:
-            self._rep[s] = node.name
+        if isinstance(value, fx.Node):
+            self._rep[s] = value.name
+        else:
+            self._item[s] = (value[0].name, value[1])
         return s
 
     def _alias(self, value, s: int | None) -> None:
@@ -230,11 +232,28 @@ class GraphInfo:
             n.meta.pop("mutation_region_id", None)
         by_name = {n.name: n for n in g.nodes}
         kernels = [by_name[n.name] for n in self.kernel_nodes]
+        items: dict[int, fx.Node] = {}
+
+        def holder(s: int) -> fx.Node:
+            """A node holding local storage s, defined before any call that
+            names it: a tuple element (sdpa's logsumexp, ...) gets a getitem
+            of its own right after the operator that makes it, since the
+            graph's own getitem may come after the call (a move that starts
+            right after a multi-output operator, or between its getitems)."""
+            if s not in self._item:
+                return by_name[self._rep[s]]
+            if s not in items:
+                src, i = self._item[s]
+                with g.inserting_after(by_name[src]):
+                    items[s] = g.call_function(operator.getitem, (by_name[src], i))
+                items[s].meta["val"] = by_name[src].meta["val"][i]
+            return items[s]
+
         fake_mode = torch._guards.detect_fake_mode(
             [n.meta.get("val") for n in g.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
         token = None
         for j in sorted(ops):
-            moved, read = ([by_name[self._rep[s]] for s in ss] for ss in ops[j])
+            moved, read = ([holder(s) for s in ss] for ss in ops[j])
             with g.inserting_before(kernels[j]):
                 token = g.call_function(kernel_begin, (moved, read, token, self.gid, j))
             first = (moved + read)[:1]

@@ -1,0 +1,168 @@
+"""The compiled path on models as they come (issue 25 item 1): transformers'
+Llama, GPT-2 and Granite with their default attention (sdpa, a fused
+operator with two outputs) and with eager attention, and the demo model with
+``F.scaled_dot_product_attention``, compiled under teraio give the losses of
+plain ``torch.compile``, bit for bit.  A plan may start or end a move at any
+node: right after a multi-output operator and between the ``getitem``s of
+its tuple (such a move named a ``getitem`` defined after its call, and the
+graph failed to lint).  A property test puts a call at every kernel boundary
+of compiled forward and backward graphs: each lints, and the code with a call
+at every node, naming what a plan may move there, computes what Inductor's
+own code computes, bit for bit.
+
+One thread and deterministic algorithms, as in the rest of the suite; what
+plain Inductor does at the default thread count is in docs/compile.md.
+"""
+import tempfile
+
+import pytest
+import torch
+from torch._inductor.compile_fx import compile_fx_inner
+
+import teraio.torch
+from teraio.core import WRITE
+from teraio.torch.compile import CompiledSession
+
+transformers = pytest.importorskip("transformers")
+STEPS = 5
+
+
+def build(kind: str, attn: str):
+    torch.manual_seed(0)
+    if kind == "demo":
+        from teraio.models.llama import Llama, LlamaConfig
+        model = Llama(LlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, ffn_dim=128, max_seq_len=64,
+                                  attention=attn))
+    else:
+        cfgs = {
+            "llama": lambda: transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                                      num_attention_heads=4, num_key_value_heads=2,
+                                                      vocab_size=256, max_position_embeddings=64),
+            "gpt2": lambda: transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64),
+            "granite": lambda: transformers.GraniteConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                                          num_attention_heads=4, num_key_value_heads=2,
+                                                          vocab_size=256, max_position_embeddings=64),
+        }
+        cfg = cfgs[kind]()
+        cfg._attn_implementation = attn
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def loss_of(kind, model, x):
+    if kind == "demo":
+        return model(x[:, :-1], x[:, 1:])
+    return model(input_ids=x, labels=x).loss
+
+
+def train(kind, attn, off_kw=None, session_cls=None):
+    torch._dynamo.reset()
+    model, opt = build(kind, attn)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randint(0, 256, (4, 64), generator=g) for _ in range(STEPS)]
+    off = None
+    if off_kw is None:
+        model.compile()
+    elif session_cls is not None:
+        off = session_cls(model, opt, **off_kw)
+    else:
+        off = teraio.torch.offload(model, opt, compile=True, **off_kw)
+    losses = []
+    for x in xs:
+        with off.step() if off is not None else torch.enable_grad():
+            loss = loss_of(kind, model, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+    return losses, off
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("kind, attn", [("llama", "sdpa"), ("llama", "eager"), ("gpt2", "sdpa"),
+                                        ("gpt2", "eager"), ("granite", "sdpa"), ("demo", "sdpa")])
+def test_compiled_model_as_it_comes_matches_plain_compile(kind, attn, tmp_path):
+    plain, _ = train(kind, attn)
+    got, off = train(kind, attn, dict(capacity=0.5, ssd=str(tmp_path)))
+    rep = off.report()
+    off.close()
+    assert got == plain, (kind, attn)
+    assert rep["mode"] == "compiled" and rep["planned_iterations"] == STEPS - 2, rep
+    assert rep["diverged_iterations"] == 0 and rep["over_capacity_kernels"] == 0
+    assert rep["bytes_offloaded"] > 0
+
+
+def _copies(args):
+    """Copies of a region's arguments with their sizes and strides."""
+    return [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype).copy_(a.detach())
+            if isinstance(a, torch.Tensor) else a for a in args]
+
+
+class _Keep(CompiledSession):
+    """Keeps a copy of the inputs of each graph's first run in a profiled step
+    (where every tensor is resident: in a planned one a region's input may be
+    away until its kernel_begin call)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.inputs = {}
+
+    def _run_region(self, info, args):
+        if self._rec is not None and info.gid not in self.inputs:
+            self.inputs[info.gid] = (info, _copies(args))
+        return super()._run_region(info, args)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "demo"])
+def test_a_call_at_every_kernel_boundary_lints_and_computes_the_same(kind):
+    """For every kernel j of the compiled forward and backward graphs (sdpa
+    attention): a call before j that moves what kernel j-1 wrote and every
+    tuple element alive there lints (with_ops runs g.lint()).  Then the code
+    with a call before every node naming what it reads of what a plan may
+    move (the graph's inputs and outputs: parameters, activations), compiled
+    by Inductor, returns Inductor's own outputs bit for bit.  (Naming an
+    intermediate that Inductor fuses away makes it a buffer and changes the
+    code: 34 of Llama's 64 forward outputs then differed in the last bits;
+    plans never name one.)"""
+    _, off = train(kind, "sdpa", dict(capacity=0.5, ssd=tempfile.mkdtemp()), session_cls=_Keep)
+    kept = dict(off.inputs)
+    tuples = 0
+    assert {info.kind for info, _ in kept.values()} >= {"forward", "backward"}
+    for info, args in kept.values():
+        tuple_items = sorted(info._item)
+        tuples += len(tuple_items)
+        movable = set(range(info.n_inputs)) | {s for s in info.outputs if s is not None}
+        written_at = {}
+        for j, acc in enumerate(info.accesses):
+            for s, m in acc:
+                if m & WRITE:
+                    written_at.setdefault(s, j)
+        for j in range(1, info.n_kernels):
+            before = [s for s, k in written_at.items() if k < j and s >= info.n_inputs]
+            last = [s for s, m in info.accesses[j - 1] if m & WRITE and s >= info.n_inputs]
+            moved = sorted(set(last) | {s for s in tuple_items if s in before})
+            info.with_ops({j: (moved, [])})
+        # what kernel j reads of the movable storages that exist before it
+        every = {j: ([], sorted({s for s, _ in info.accesses[j]
+                                 if s in movable and (s < info.n_inputs or written_at.get(s, j) < j)}))
+                 for j in range(info.n_kernels)}
+        example_inputs, kwargs, tctx, cctx = info.compile_args
+        with torch._guards.tracing(tctx), torch._guards.compile_context(cctx), \
+                torch._inductor.config.patch(reorder_for_peak_memory=False):
+            fn = compile_fx_inner(info.with_ops(every), example_inputs, **kwargs)
+        torch.manual_seed(2)              # GPT-2's dropout: the same random numbers for both
+        want = info.plain(_copies(args))
+        torch.manual_seed(2)
+        got = fn(_copies(args))
+        assert len(got) == len(want)
+        for w, x in zip(want, got):
+            assert not isinstance(w, torch.Tensor) or torch.equal(w, x), (kind, info.kind)
+    assert tuples > 0, "sdpa's outputs are a tuple"
+    off.close()
