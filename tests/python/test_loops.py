@@ -9,6 +9,7 @@ import io
 
 import pytest
 import torch
+import torch.nn as nn
 
 import teraio.torch
 
@@ -248,3 +249,33 @@ def test_state_dict_inside_a_diverged_step(ssd_dir):
     off = run_loop(step, batches, off_options=options(ssd_dir))
     assert_same(plain, off)
     assert off[4]["diverged_iterations"] == 1 and off[4]["paged_kernels"] > 0
+
+
+def test_report_says_each_plan_against_its_own_capacity(tmp_path):
+    """Issue 25 item 2: with two plans of different capacities, report() read
+    the last plan's capacity beside the peak over all plans.  Each plan now
+    has its own capacity, measured peak, kernels over it, and its planned and
+    diverged steps; the top-level worst ratio is of a plan to its own."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(64, 64), *[nn.Linear(64, 64) for _ in range(4)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = teraio.torch.offload(model, opt, capacity=0.5, ssd=[str(tmp_path)])
+    for i in range(18):
+        x = torch.randint(0, 64, (4, 64 if i % 2 == 0 else 128))
+        with off.step():
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    rep = off.report()
+    off.close()
+    plans = rep["plans"]
+    assert len(plans) == 2 and plans[0]["capacity_bytes"] != plans[1]["capacity_bytes"]
+    for p in plans:
+        assert 0 < p["peak_resident_bytes"] <= p["capacity_bytes"], p
+        assert p["over_capacity_kernels"] == 0 and p["planned_iterations"] > 0
+        assert p["peak_to_capacity"] == p["peak_resident_bytes"] / p["capacity_bytes"]
+    assert sum(p["planned_iterations"] for p in plans) == rep["planned_iterations"]
+    assert sum(p["diverged_iterations"] for p in plans) == rep["diverged_iterations"]
+    assert rep["peak_to_capacity_max"] == max(p["peak_to_capacity"] for p in plans) <= 1
+    # the top-level bytes are of different plans: the peak is the larger plan's
+    assert rep["peak_resident_bytes"] == max(p["peak_resident_bytes"] for p in plans)

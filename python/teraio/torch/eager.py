@@ -96,7 +96,7 @@ class EagerSession(Session):
             super()._retire_runtime()
             return
         stats = rt.stats()
-        self._add(self._totals, stats)
+        self._keep_stats(stats)
         pager = Pager(rt.engine, max(1, stats["capacity_bytes"]), 0.0, self.model, self.optimizer)
         try:
             rt.handover(pager)

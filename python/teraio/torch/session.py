@@ -152,9 +152,22 @@ class PlanEntry:
         self.capacity_bytes = capacity
         self.iterations = 0
         self.diverged = 0
+        self.totals = {k: 0 for k in _SUMS + _MAXES}   # the runtimes that ran this plan, gone
 
     def fits(self) -> bool:
         return bool(self.plan.fits)
+
+    def measured(self, live: dict | None = None) -> dict:
+        """What the steps under this plan measured: its runtimes' counters
+        (`live`: the stats of the one running now), against its capacity."""
+        t = dict(self.totals)
+        if live is not None:
+            Session._add(t, live)
+        peak = t["peak_resident_bytes"]
+        return {"peak_resident_bytes": peak, "over_capacity_kernels": t["over_capacity_kernels"],
+                "over_capacity_bytes_max": t["over_capacity_bytes_max"],
+                "peak_to_capacity": peak / self.capacity_bytes if self.capacity_bytes else None,
+                "planned_iterations": self.iterations, "diverged_iterations": self.diverged}
 
     def describe(self) -> dict:
         p = self.plan
@@ -163,7 +176,7 @@ class PlanEntry:
                 "capacity_bytes": self.capacity_bytes, "planned_peak_bytes": p.planned_peak_bytes,
                 "fits": self.fits(), "migrations": p.n_migrations, "bytes_to_ssd": p.bytes_to_ssd,
                 "bytes_to_host": p.bytes_to_host, "plan_seconds": p.plan_seconds,
-                "iterations": self.iterations, "diverged_iterations": self.diverged}
+                "iterations": self.iterations, "diverged_iterations": self.diverged, **self.measured()}
 
 
 class Session:
@@ -302,8 +315,8 @@ class Session:
         next step boundary (the entry or the exit of a step, or close()),
         where that thread brings every tensor back and waits until the
         readers waiting then have left (one that comes while they read waits
-        for the next boundary, so readers cannot stall training); the next step then puts them back where its plan
-        has them.  From the driving thread itself (between steps) it is
+        for the next boundary, so readers cannot stall training); the next
+        step then puts them back where its plan has them.  From the driving thread itself (between steps) it is
         fetch_all().  Raises TimeoutError if no boundary comes within
         `timeout` seconds (None: wait), RuntimeError if the tensors could not
         be brought back (the reason is in the message)."""
@@ -359,17 +372,28 @@ class Session:
     def report(self) -> dict:
         """What was profiled, planned and moved, and what it cost: the C
         runtime's counters summed (the peaks: the largest) over the runtimes
-        of the session, and the step counts."""
+        of the session, and the step counts.  Each of ``plans`` also says
+        what its own steps measured against its own capacity (its peak
+        resident bytes, its kernels over it, counted per kernel in diverged
+        steps too, its planned and diverged steps); ``peak_to_capacity_max``
+        is the worst of them."""
         self._check_thread()
         s = dict(self._totals)
-        if self._rt is not None and self._rt._p:
-            self._add(s, self._rt.stats())
+        live = self._rt.stats() if self._rt is not None and self._rt._p else None
+        if live is not None:
+            self._add(s, live)
         c = self._counts
+        plans = []
+        for e in self._plans.values():
+            d = e.describe()
+            if e is self._entry and live is not None:
+                d.update(e.measured(live))
+            plans.append(d)
         out = {"mode": self.mode, "steps": c["profiled"] + c["planned"] + c["diverged"] + c["plain"],
                "profiled_iterations": c["profiled"], "planned_iterations": c["planned"],
                "diverged_iterations": c["diverged"], "unplanned_iterations": c["plain"],
                "reprofiles": c["reprofiles"], "plan_switches": c["switches"],
-               "plans": [e.describe() for e in self._plans.values()],
+               "plans": plans,
                "unplannable": {key_text(k): why for k, why in self._unplannable.items()},
                "ssd_dirs": self.ssd}
         out.update(s)
@@ -380,6 +404,9 @@ class Session:
             out["backend"] = self._engine.backend
         out["capacity_bytes"] = self._entry.capacity_bytes if self._entry else (
             out["plans"][-1]["capacity_bytes"] if out["plans"] else None)
+        # each plan against its own capacity: the worst of them
+        ratios = [p["peak_to_capacity"] for p in plans if p["peak_to_capacity"] is not None]
+        out["peak_to_capacity_max"] = max(ratios) if ratios else None
         out.update(self._profile_report())
         out["process_peak_rss_bytes"] = _peak_rss_bytes()
         return out
@@ -478,9 +505,15 @@ class Session:
         brought back; a driver that can hands them on where they are."""
         self._close_runtime()
 
+    def _keep_stats(self, stats: dict) -> None:
+        """The counters of the runtime that goes, into the session's and its plan's."""
+        self._add(self._totals, stats)
+        if self._entry is not None:
+            self._add(self._entry.totals, stats)
+
     def _close_runtime(self) -> None:
         if self._rt is not None:
-            self._add(self._totals, self._rt.stats())
+            self._keep_stats(self._rt.stats())
             self._rt.close()
             self._rt = None
         self._entry = None
