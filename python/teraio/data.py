@@ -1,7 +1,9 @@
 """teraio.data — the streaming, stateful, rescalable data loader (ctypes over libteraio).
 
-    ds = StreamingDataset("/data/root", seq_len=4096, weights={"web": 0.7, "code": 0.3})
-    for batch in torch.utils.data.DataLoader(ds, batch_size=8):   # num_workers=0
+    ds = StreamingDataset("/data/root", seq_len=4096, weights={"web": 0.7, "code": 0.3},
+                          tokenizer="r50k_base")          # eos_id: its <|endoftext|>, 50256
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=collate)  # num_workers=0
+    for batch in loader:         # input_ids, labels, position_ids [8, 4096]; cu_seqlens
         ...
     ds.save(ckpt_dir)            # this rank's position after the last sample delivered
     ds2 = StreamingDataset(...); ds2.resume(ckpt_dir)   # any old world size
@@ -27,6 +29,57 @@ from ._args import U32, U64, env_rank, integer
 from ._lib import TeraioError, check
 
 log = logging.getLogger("teraio.data")
+
+# end-of-document tokens of tokenizer.json files, in the order they are looked for
+_EOS_TEXTS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
+LABELS = ("next", "hf")
+
+
+def _default_eos(tokenizer, tokenizers_dir) -> int:
+    """The end-of-document id of `tokenizer` when eos_id is not given: 0 for
+    bytes, else its <|endoftext|> (or </s>, ...)."""
+    if str(tokenizer) == "bytes":
+        return 0
+    from .tok import Tokenizer
+    spec = str(tokenizer)
+    tok = Tokenizer.huggingface(spec) if spec.endswith(".json") else Tokenizer.encoding(spec, tokenizers_dir)
+    with tok:
+        for text in _EOS_TEXTS:
+            try:
+                return tok.special_id(text)
+            except TeraioError:
+                continue
+    raise ValueError(f"StreamingDataset: tokenizer {spec} has none of the special tokens {', '.join(_EOS_TEXTS)}: "
+                     f"give eos_id, the id that ends a document")
+
+
+def collate(samples: list[dict]) -> dict:
+    """``collate_fn`` for ``torch.utils.data.DataLoader``: a batch of samples
+    whatever their documents.  ``input_ids``, ``labels`` and
+    ``position_ids`` are stacked (``[batch, seq_len]``; positions restart at
+    every document, as Hugging Face's ``position_ids`` packing expects);
+    ``cu_seqlens`` (int32, ``[segments + 1]``) are the document boundaries
+    over the batch flattened to ``batch * seq_len`` tokens, as flash-attn's
+    varlen kernels take them, with ``max_seqlen`` the longest segment;
+    ``provenance`` (with ``provenance=True``) is concatenated with the
+    sample's index in the batch as a first column."""
+    if not samples:
+        raise ValueError("collate: no samples")
+    seq_len = samples[0]["input_ids"].numel()
+    out = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids")}
+    bounds = [torch.zeros(1, dtype=torch.int32)]
+    for b, s in enumerate(samples):
+        cu = s["cu_seqlens"]
+        if s["input_ids"].numel() != seq_len or int(cu[-1]) != seq_len:
+            raise ValueError(f"collate: sample {b} holds {s['input_ids'].numel()} tokens, sample 0 {seq_len}")
+        bounds.append(cu[1:] + b * seq_len)
+    cu = torch.cat(bounds)
+    out["cu_seqlens"] = cu
+    out["max_seqlen"] = int((cu[1:] - cu[:-1]).max())
+    if "provenance" in samples[0]:
+        out["provenance"] = torch.cat([torch.cat([torch.full((len(s["provenance"]), 1), b, dtype=torch.int64),
+                                                  s["provenance"]], dim=1) for b, s in enumerate(samples)])
+    return out
 
 
 def _take(buf: c_void_p, n: c_size_t) -> bytes:
@@ -77,7 +130,15 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     ``input_ids``, ``labels`` (int64, ``[seq_len]``), ``position_ids`` (int64, ``[seq_len]``),
     ``cu_seqlens`` (int32, ``[segments + 1]``) and, with ``provenance=True``, ``provenance``
     (int64, ``[spans, 6]``: sub-dataset, file, document, offset, length, epoch; the names
-    are in :attr:`subdatasets`).
+    are in :attr:`subdatasets`).  Batch them with :func:`collate`.
+
+    ``labels``: ``"next"`` (default) gives each position the token that follows it
+    (``labels[i] == input_ids[i + 1]``; the loss needs no shift), for models that take
+    their targets as they are; ``"hf"`` gives ``labels == input_ids``, for Hugging Face
+    models, which shift the labels themselves (``model(input_ids=..., labels=...)``): with
+    ``"next"`` such a model would train on the token two ahead.  ``eos_id``, the id put
+    after every document: by default 0 for ``tokenizer="bytes"`` and the tokenizer's
+    ``<|endoftext|>`` (or ``</s>``, ...) otherwise (50256 for r50k_base and p50k_base).
 
     ``rank``/``world_size`` default to torchrun's ``RANK``/``WORLD_SIZE``, or to the
     ``mesh_dim`` dimension of ``device_mesh``.  The stream never ends (epochs loop).
@@ -100,10 +161,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, root, seq_len, rank=None, world_size=None, seed=0, logical_shards=2048,
-                 weights=None, provenance=False, shuffle_buffer=64, eos_id=0, bos_id=None,
+                 weights=None, provenance=False, shuffle_buffer=64, eos_id=None, bos_id=None,
                  prefetch=8, text_field="text", skip_bad_lines=False, device_mesh=None,
                  mesh_dim=None, tokenizer="bytes", tokenizers_dir=None, tokenizer_threads=0,
-                 fill_threads=None, max_line_bytes=None, cache_bytes=None):
+                 fill_threads=None, max_line_bytes=None, cache_bytes=None, labels="next"):
         super().__init__()
         if device_mesh is not None and (rank is None or world_size is None):
             rank, world_size = _mesh_dp(device_mesh, mesh_dim)
@@ -118,7 +179,12 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         seed = integer("seed", seed, 0, U64)
         logical_shards = integer("logical_shards", logical_shards, 1, U32)
         shuffle_buffer = integer("shuffle_buffer", shuffle_buffer, 0, U32)
-        eos_id = integer("eos_id", eos_id, 0, U32)
+        if labels not in LABELS:
+            raise ValueError(f"StreamingDataset: labels={labels!r}: 'next' (the next token) or 'hf' "
+                             f"(the input ids, for models that shift them)")
+        self.labels = labels
+        if eos_id is not None:
+            eos_id = integer("eos_id", eos_id, 0, U32)
         prefetch = integer("prefetch", prefetch, 0, U32)
         tokenizer_threads = integer("tokenizer_threads", tokenizer_threads, 0, U32)
         if bos_id is not None:
@@ -146,6 +212,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                         str(tokenizers_dir).encode(), byref(tok)))
         self._tok = tok
         self.tokenizer = tok.contents.name.decode()
+        if eos_id is None:           # the tokenizer opened: its end-of-text id
+            eos_id = _default_eos(tokenizer, tokenizers_dir)
+        self.eos_id = eos_id
         dopts = L.DatasetOptions()
         L.tio_dataset_options_default(byref(dopts))
         dopts.tokenizer = tok
@@ -257,7 +326,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         s = sp.contents
         n = s.seq_len
         toks = _copy_u32(s.tokens, n + 1).to(torch.int64)   # ids up to 2^32 - 1
-        out = {"input_ids": toks[:-1], "labels": toks[1:].clone(), "position_ids":
+        labels = toks[1:].clone() if self.labels == "next" else toks[:-1].clone()
+        out = {"input_ids": toks[:-1], "labels": labels, "position_ids":
                _copy_u32(s.position_ids, n).to(torch.int64),
                "cu_seqlens": _copy_u32(s.cu_seqlens, s.n_segments + 1).view(torch.int32)}
         if self.provenance:
