@@ -279,3 +279,47 @@ def test_report_says_each_plan_against_its_own_capacity(tmp_path):
     assert rep["peak_to_capacity_max"] == max(p["peak_to_capacity"] for p in plans) <= 1
     # the top-level bytes are of different plans: the peak is the larger plan's
     assert rep["peak_resident_bytes"] == max(p["peak_resident_bytes"] for p in plans)
+
+
+def test_a_storage_grown_in_place_keeps_its_bytes(tmp_path):
+    """A buffer grown with resize_ inside the step (a new allocation at another
+    address) lost its bytes: the pager and the plan still had its old address
+    and size, and evicting it wrote freed memory and brought back too few
+    bytes (NaN).  Now the pager tracks it anew, a plan made from an earlier
+    size is not bound to it, and a planned step that grows a bound storage
+    leaves its plan there; the values and losses are the plain run's."""
+
+    class Growing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Sequential(*[nn.Linear(128, 128) for _ in range(4)])
+            self.register_buffer("acc", torch.zeros(16))
+
+        def forward(self, x):
+            y = self.lin(x)
+            if self.acc.numel() < 16 * 64:
+                self.acc.resize_(self.acc.numel() * 2)
+                self.acc[self.acc.numel() // 2:] = 1.0
+            return y.square().mean() + self.acc.sum() * 0
+
+    def run(offload):
+        torch.manual_seed(0)
+        m = Growing()
+        opt = torch.optim.AdamW(m.lin.parameters(), lr=1e-3)
+        off = teraio.torch.offload(m, opt, capacity=0.5, ssd=[str(tmp_path)]) if offload else None
+        x, losses, sums = torch.randn(64, 128), [], []
+        for _ in range(8):
+            with off.step() if off is not None else torch.enable_grad():
+                loss = m(x)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+            sums.append(m.acc.sum().item())
+        if off is not None:
+            off.close()
+        return losses, sums
+
+    plain, got = run(False), run(True)
+    assert got == plain
+    assert plain[1][-1] == 1008.0

@@ -70,6 +70,7 @@ class Pager:
         self._global: set[int] = set()                   # slots of global tensors
         self._dead: list[int] = []                       # slots whose storage died
         self._pinned: set[int] = set()                   # slots of collectives' buffers (pin)
+        self._addr: dict[int, int | None] = {}           # slot -> data_ptr while resident
         self._alloc_cb = L.ALLOCATE_FN(L.callback(self._allocate))
         self._release_cb = L.RELEASE_FN(L.callback(self._release))
         self._cbs = L.PagerCallbacks(None, self._alloc_cb, self._release_cb)
@@ -93,7 +94,7 @@ class Pager:
             st.resize_(nbytes)
         except RuntimeError:
             return -12  # -ENOMEM
-        addr[0] = st.data_ptr()
+        addr[0] = self._addr[slot] = st.data_ptr()
         return 0
 
     def _release(self, ctx, slot):
@@ -122,12 +123,32 @@ class Pager:
             self._global.discard(slot)
             L.check(L.tio_pager_forget(self._p, slot))
 
+    def _resized(self, st, slot: int) -> bool:
+        """Has the program resized tracked storage `st` since (``resize_``,
+        ``set_``: other bytes, mostly at another address)?  Evicting it by
+        the old count would write freed memory and bring back too few bytes."""
+        return (L.tio_pager_is_resident(self._p, slot)
+                and (st.nbytes() != self._bytes.get(slot) or st.data_ptr() != self._addr.get(slot)))
+
+    def _retrack(self, st, slot: int) -> int | None:
+        """Forget `slot` and track `st` as it is now."""
+        is_global, pinned = slot in self._global, slot in self._pinned
+        del self._slot[st._cdata]
+        for d in (self._storage, self._bytes, self._addr):
+            d.pop(slot, None)
+        self._global.discard(slot)
+        L.check(L.tio_pager_forget(self._p, slot))
+        if pinned:
+            self.pin(st)
+            return self._slot.get(st._cdata)
+        return self.track(st, is_global)
+
     def track(self, st, is_global: bool = False) -> int | None:
         """Track storage `st` (resident) unless it is; its slot."""
         key = st._cdata
         slot = self._slot.get(key)
         if slot is not None:
-            return slot
+            return self._retrack(st, slot) if self._resized(st, slot) else slot
         nbytes = st.nbytes()
         if not nbytes:
             return None
@@ -144,6 +165,7 @@ class Pager:
         self._pinned.discard(slot)  # a slot handed out again
         self._storage[slot] = weakref.ref(st)
         self._bytes[slot] = nbytes
+        self._addr[slot] = st.data_ptr() if st.nbytes() else None
         if is_global:
             self._global.add(slot)
         weakref.finalize(st, self._died, key, slot)
@@ -199,7 +221,7 @@ class Pager:
     def use(self, st) -> None:
         """The operator about to run reads storage `st`."""
         slot = self._slot.get(st._cdata)
-        if slot is None:
+        if slot is None or self._resized(st, slot):
             self.track(st)
         else:
             L.check(L.tio_pager_use(self._p, slot, None))

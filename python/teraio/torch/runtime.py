@@ -154,12 +154,23 @@ class _Mode(TorchDispatchMode):
         out = func(*args, **kwargs)
         sizes = []
         by_key = rt._ids.by_key
+        resized = []
         for t in iter_tensors(out):
             st = t.untyped_storage()
             sizes.append((st.nbytes(), t.shape))
-            if st._cdata not in by_key:
+            i = by_key.get(st._cdata)
+            if i is None:
                 rt._new(st)
+            elif i in rt._bound and st.nbytes() != rt.trace.tensor_bytes(i):
+                resized.append((i, st))  # resize_ or set_ on a bound storage: other bytes, another address
         rt._signature.append((name, tuple(sizes)))
+        for i, st in resized:
+            # The C runtime has the old address and size.  Binding the new ones is refused (another
+            # size than the trace's): the iteration diverges, and from here the pager moves the
+            # storage as it is now.
+            if L.check(L.tio_runtime_tensor_bind(rt._p, i, st.data_ptr(), st.nbytes())) == 1 and not rt.diverged:
+                rt.diverged = True
+                rt._start_paging()
         if rt._curve is not None:
             rt._note_curve()
         return out
@@ -392,6 +403,8 @@ class OffloadRuntime:
             i = self._by_name.get(name)
             st = t.untyped_storage()
             if pager is not None and i is not None:
+                if pager.nbytes(st) != self.trace.tensor_bytes(i):
+                    pager.fetch(st)  # resized since the trace: its bytes are not the trace's to bind
                 got = pager.detach(st)
                 if got is not None and not got[0]:
                     self._bind_stored(i, st, got[1])
