@@ -87,8 +87,8 @@ def test_eos_defaults_to_the_tokenizer(root, tmp_path):
 def test_train_hf_example_offloaded_has_the_plain_losses(tmp_path):
     pytest.importorskip("transformers")
     import os
-    # one compute thread: at two, MKL's sgemm gives the offloaded run other last bits (README,
-    # "Bit for bit"; test_mkl_reproducibility covers the default thread count)
+    # one compute thread: at two, MKL's results vary from run to run without its reproducibility
+    # settings (README, "Bit for bit on the CPU"; test_cpu_reproducible covers the default count)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     runs = {}
     for name, extra in (("plain", []), ("teraio", ["--offload", "0.6"])):

@@ -229,8 +229,10 @@ class Session:
         _claim(self, model, optimizer)
         self.model, self.optimizer = model, optimizer
         self.capacity, self.ssd = capacity, dirs
+        self._cpu_nondeterminism = None
         if any(t.device.type == "cpu" for t, _, _ in global_tensors(model, optimizer)):
             return_freed_memory()
+            self._cpu_nondeterminism = cpu_nondeterminism()
         self.profile_iterations, self.reprofile_after, self.max_plans = profile_iterations, reprofile_after, max_plans
         self.host_cap_bytes, self.bandwidth_share = host_cap_bytes or 0, bandwidth_share
         self.space_bytes, self.safe, self.staging = space_bytes, safe, staging
@@ -409,6 +411,9 @@ class Session:
         out["peak_to_capacity_max"] = max(ratios) if ratios else None
         out.update(self._profile_report())
         out["process_peak_rss_bytes"] = _peak_rss_bytes()
+        # why this CPU run's results may differ from an identical run in their last bits (None: they
+        # should not); README, "Bit for bit on the CPU"
+        out["cpu_nondeterminism"] = self._cpu_nondeterminism
         return out
 
     def _profile_report(self) -> dict:
@@ -705,6 +710,30 @@ class Session:
 
 
 _malloc_tuned = False
+_said_nondeterminism = False
+
+
+def cpu_nondeterminism() -> str | None:
+    """Why two identical CPU runs (with or without teraio) may give other last
+    bits, or None: MKL's kernels on several threads vary from run to run
+    unless its thread count is fixed and its reproducibility mode is on.
+    Said once per process in the log."""
+    global _said_nondeterminism
+    threads = torch.get_num_threads()
+    env = os.environ
+    if threads == 1:
+        return None
+    strict = env.get("MKL_CBWR", "").upper().startswith(("AUTO,STRICT", "COMPATIBLE", "SSE", "AVX"))
+    fixed = env.get("MKL_DYNAMIC", "").upper() == "FALSE" and env.get("OMP_DYNAMIC", "").upper() == "FALSE"
+    if strict and fixed:
+        return None
+    why = (f"{threads} compute threads without MKL_CBWR=AUTO,STRICT, MKL_DYNAMIC=FALSE and OMP_DYNAMIC=FALSE: "
+           f"MKL's results can differ from run to run in their last bits, in plain PyTorch too; for runs to "
+           f"compare bit for bit use torch.set_num_threads(1) or those settings (README, 'Bit for bit on the CPU')")
+    if not _said_nondeterminism:
+        _said_nondeterminism = True
+        log.info("teraio: %s", why)
+    return why
 
 
 def return_freed_memory() -> bool:
