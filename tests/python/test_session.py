@@ -464,6 +464,10 @@ def test_a_monitoring_thread_reads_inside_reading(tmp_path):
             while not stop.is_set():
                 with off.reading(timeout=60):
                     seen.append(_state_hash(model, opt))
+                    # docs/runtime.md's snapshot: state_dict()'s hooks have nothing to fetch here
+                    snap = {k: v.clone() for k, v in model.state_dict().items()}
+                    osd = opt.state_dict()
+                    assert len(snap) == 12 and len(osd["state"]) in (0, 12)
         except BaseException as e:  # noqa: BLE001 (reported by the assertion below)
             errors.append(e)
 

@@ -16,6 +16,7 @@ old id.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Callable, Iterator
 
@@ -25,6 +26,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 _Tensor = torch.Tensor
 _strided = torch.strided
+
+# Set on a thread inside Session.reading(): every tensor is resident and the
+# driving thread waits, so the state_dict() hooks of a runtime or a pager
+# have nothing to fetch there (and would be refused from another thread).
+_reading = threading.local()
+
+
+def in_reading() -> bool:
+    """Is this thread inside a session's reading() (another thread's)?"""
+    return getattr(_reading, "on", False)
 
 
 try:

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, 
 
 from .. import _lib as L
 from ..core import Engine
-from ._ids import FetchGuard, Hook
+from ._ids import FetchGuard, Hook, in_reading
 
 
 # Counters of tio_pager_stats that are the largest over pagers, not summed; the
@@ -285,8 +285,9 @@ class Pager:
             self._guard_pushed = False
 
     def fetch_all(self) -> None:
-        """Bring every evicted storage back (the dead ones are forgotten first)."""
-        if self._p:
+        """Bring every evicted storage back (the dead ones are forgotten first;
+        nothing to do in another thread's Session.reading())."""
+        if self._p and not in_reading():
             self.drain()
             L.check(L.tio_pager_fetch_all(self._p))
 

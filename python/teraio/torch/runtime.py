@@ -70,7 +70,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
 from .. import _lib as L
 from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
-from ._ids import FetchGuard, Hook, StorageIds, global_tensors, iter_tensors
+from ._ids import FetchGuard, Hook, StorageIds, global_tensors, in_reading, iter_tensors
 from .pager import Pager, add_stats
 from .profiler import kernel_name, sequence_fingerprint
 
@@ -671,8 +671,9 @@ class OffloadRuntime:
 
     def _before_state_dict(self) -> None:
         """state_dict() hands out the live tensors: all of them resident (in
-        an iteration too, where it costs the plan its memory savings)."""
-        if self._p and self.safe:
+        an iteration too, where it costs the plan its memory savings).  In
+        another thread's Session.reading() they are resident already."""
+        if self._p and self.safe and not in_reading():
             self.fetch_all()
 
     def _after_load(self) -> None:

@@ -52,6 +52,7 @@ import torch
 from .. import _lib as L
 from .._args import U64, env_rank, integer
 from ..core import Engine, Lifetime, Plan
+from . import _ids
 from ._ids import global_tensors
 
 log = logging.getLogger("teraio")
@@ -343,9 +344,11 @@ class Session:
                 self._readers_in += 1
             finally:
                 self._readers_waiting -= 1
+        _ids._reading.on = True
         try:
             yield self
         finally:
+            _ids._reading.on = False
             with self._readers:
                 self._readers_in -= 1
                 self._readers.notify_all()
