@@ -345,9 +345,12 @@ def claim_ckpt_dir(args, run_id: str, rank: int) -> None:
                     stale.unlink()
         elif (owner is not None and owner != run_id) or others:
             named = others[-1].name if others else RUN_FILE
-            why = (f"train.py: {folder} holds another run's checkpoints (run {owner or checkpoint_run(others[-1])}, "
-                   f"{named}): pass --resume {folder} to continue that run, --overwrite to replace them, "
-                   f"or another --out or --ckpt-dir")
+            what = f"{folder} holds another run's checkpoints (run {owner or checkpoint_run(others[-1])}, {named})"
+            if args.resume:
+                why = f"train.py: {what}, not the resumed run's ({run_id}): give another --out or --ckpt-dir"
+            else:
+                why = (f"train.py: {what}: pass --resume {folder} to continue that run, --overwrite to replace "
+                       f"them, or another --out or --ckpt-dir")
         if why is None:
             folder.mkdir(parents=True, exist_ok=True)
             tmp = folder / (RUN_FILE + ".tmp")
@@ -433,7 +436,7 @@ def find_checkpoint(path: Path, strict: bool = False) -> Path:
                              f"newest complete one is resumed)")
         damaged.append((p, why))
     raise SystemExit(f"train.py: {path}: no complete checkpoint (step-N folder with .metadata)"
-                     + (f"; {damaged[0][0].name}: {damaged[0][1]}" if damaged else ""))
+                     + "".join(f"; {p.name}: {why}" for p, why in damaged))
 
 
 def saved_loader_ranks(path: Path) -> list[int]:

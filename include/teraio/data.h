@@ -25,7 +25,7 @@
  *                         `text` (configurable) tokenized on the fly, else a
  *                         list-of-integers column `tokens` or `input_ids`;
  *                         a document is a row, a row group (or a slice of
- *                         rows of one the footer declares over 32 MiB) the
+ *                         rows of one the footer declares over 64 MiB) the
  *                         unit of reading, decoded a batch at a time, so a
  *                         compression bomb costs a window's memory; a window
  *                         decoding to more than max(cache_bytes,

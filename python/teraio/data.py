@@ -66,17 +66,21 @@ def collate(samples: list[dict]) -> dict:
     if not samples:
         raise ValueError("collate: no samples")
     seq_len = samples[0]["input_ids"].numel()
+    provenance = "provenance" in samples[0]
+    for b, s in enumerate(samples):
+        if s["input_ids"].numel() != seq_len or int(s["cu_seqlens"][-1]) != seq_len:
+            raise ValueError(f"collate: sample {b} holds {s['input_ids'].numel()} tokens, sample 0 {seq_len}")
+        if ("provenance" in s) != provenance:
+            raise ValueError(f"collate: sample {b} {'has' if 'provenance' in s else 'lacks'} provenance, "
+                             f"sample 0 {'has' if provenance else 'lacks'} it")
     out = {k: torch.stack([s[k] for s in samples]) for k in ("input_ids", "labels", "position_ids")}
     bounds = [torch.zeros(1, dtype=torch.int32)]
     for b, s in enumerate(samples):
-        cu = s["cu_seqlens"]
-        if s["input_ids"].numel() != seq_len or int(cu[-1]) != seq_len:
-            raise ValueError(f"collate: sample {b} holds {s['input_ids'].numel()} tokens, sample 0 {seq_len}")
-        bounds.append(cu[1:] + b * seq_len)
+        bounds.append(s["cu_seqlens"][1:] + b * seq_len)
     cu = torch.cat(bounds)
     out["cu_seqlens"] = cu
     out["max_seqlen"] = int((cu[1:] - cu[:-1]).max())
-    if "provenance" in samples[0]:
+    if provenance:
         out["provenance"] = torch.cat([torch.cat([torch.full((len(s["provenance"]), 1), b, dtype=torch.int64),
                                                   s["provenance"]], dim=1) for b, s in enumerate(samples)])
     return out

@@ -102,7 +102,7 @@ typedef struct {
                         its first row in the row group */
 } tio_data_window;
 
-enum { TIO_JSONL_WINDOW_BYTES = 8 << 20, TIO_PARQUET_WINDOW_BYTES = 32 << 20 };
+enum { TIO_JSONL_WINDOW_BYTES = 8 << 20, TIO_PARQUET_WINDOW_BYTES = 64 << 20 };
 
 typedef struct tio_parquet_file tio_parquet_file; /* parquet.c */
 

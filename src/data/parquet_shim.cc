@@ -102,7 +102,10 @@ int choose_column(Handle *h, const parquet::arrow::FileReader &r, const char *te
     };
     int t = find(text_column);
     if (t >= 0) {
-        auto id = fields[t].field->type()->id();
+        auto type = fields[t].field->type();
+        if (type->id() == arrow::Type::DICTIONARY) /* a pandas categorical: its values' type */
+            type = static_cast<const arrow::DictionaryType &>(*type).value_type();
+        auto id = type->id();
         if (id != arrow::Type::STRING && id != arrow::Type::LARGE_STRING &&
             id != arrow::Type::STRING_VIEW)
             return fail(err, cap, kParseError, "%s: column '%s' is %s, not a string", h->name.c_str(),
@@ -214,6 +217,35 @@ int append_text(const Handle &h, int rg, int64_t base, const A &a, int64_t at, u
                             h.name.c_str(), rg, (long long)(base + row), h.column.c_str(), v.size(),
                             (unsigned long long)max_bytes);
             data->append(v.data(), v.size());
+        }
+        out->offsets[row + 1] = (int64_t)data->size();
+    }
+    return 0;
+}
+
+/* Text rows of a dictionary-typed chunk (a pandas categorical) appended at
+ * row `at`: each row is its index's value of the dictionary. */
+template <typename A>
+int append_dict_text(const Handle &h, int rg, int64_t base, const arrow::DictionaryArray &a,
+                     const A &dict, int64_t at, uint64_t max_bytes, std::string *data,
+                     tio_pq_column *out, char *err, size_t cap)
+{
+    for (int64_t i = 0; i < a.length(); i++) {
+        int64_t row = at + i;
+        out->valid[row] = !a.IsNull(i);
+        if (out->valid[row]) {
+            int64_t k = a.GetValueIndex(i);
+            if (k < 0 || k >= dict.length() || dict.IsNull(k)) {
+                out->valid[row] = 0;
+            } else {
+                auto v = dict.GetView(k);
+                if (v.size() > max_bytes)
+                    return fail(err, cap, kParseError, "%s: row group %d, row %lld: column '%s' holds "
+                                "%zu bytes, more than the limit of %llu (max_line_bytes)",
+                                h.name.c_str(), rg, (long long)(base + row), h.column.c_str(),
+                                v.size(), (unsigned long long)max_bytes);
+                data->append(v.data(), v.size());
+            }
         }
         out->offsets[row + 1] = (int64_t)data->size();
     }
@@ -411,6 +443,22 @@ int append(const tio_pq_rows &r, const arrow::Array &a, int64_t base, int64_t at
     case arrow::Type::STRING_VIEW:
         return append_text(h, r.rg, base, static_cast<const arrow::StringViewArray &>(a), at,
                            max_value, text, out, err, cap);
+    case arrow::Type::DICTIONARY: {
+        const auto &d = static_cast<const arrow::DictionaryArray &>(a);
+        const arrow::Array &dict = *d.dictionary();
+        switch (dict.type_id()) {
+        case arrow::Type::STRING:
+            return append_dict_text(h, r.rg, base, d, static_cast<const arrow::StringArray &>(dict),
+                                    at, max_value, text, out, err, cap);
+        case arrow::Type::LARGE_STRING:
+            return append_dict_text(h, r.rg, base, d,
+                                    static_cast<const arrow::LargeStringArray &>(dict), at,
+                                    max_value, text, out, err, cap);
+        default:
+            break;
+        }
+        break;
+    }
     case arrow::Type::LIST:
         return append_tokens(h, r.rg, base, static_cast<const arrow::ListArray &>(a), at, ids, out,
                              err, cap);
@@ -418,9 +466,10 @@ int append(const tio_pq_rows &r, const arrow::Array &a, int64_t base, int64_t at
         return append_tokens(h, r.rg, base, static_cast<const arrow::LargeListArray &>(a), at, ids,
                              out, err, cap);
     default:
-        return fail(err, cap, kParseError, "%s: row group %d, column '%s': unexpected type %s",
-                    h.name.c_str(), r.rg, h.column.c_str(), a.type()->ToString().c_str());
+        break;
     }
+    return fail(err, cap, kParseError, "%s: row group %d, column '%s': unexpected type %s",
+                h.name.c_str(), r.rg, h.column.c_str(), a.type()->ToString().c_str());
 }
 
 int rows_read(tio_pq_rows *r, int64_t n, uint64_t max_value, uint64_t max_bytes,

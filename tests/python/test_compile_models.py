@@ -24,7 +24,7 @@ from teraio.core import WRITE
 from teraio.torch.compile import CompiledSession
 
 transformers = pytest.importorskip("transformers")
-STEPS = 5
+STEPS = 4
 
 
 def build(kind: str, attn: str):
@@ -87,7 +87,7 @@ def one_thread():
 
 
 @pytest.mark.parametrize("kind, attn", [("llama", "sdpa"), ("llama", "eager"), ("gpt2", "sdpa"),
-                                        ("gpt2", "eager"), ("granite", "sdpa"), ("demo", "sdpa")])
+                                        ("granite", "sdpa"), ("demo", "sdpa")])
 def test_compiled_model_as_it_comes_matches_plain_compile(kind, attn, tmp_path):
     plain, _ = train(kind, attn)
     got, off = train(kind, attn, dict(capacity=0.5, ssd=str(tmp_path)))
@@ -127,7 +127,7 @@ class _Keep(CompiledSession):
         return super()._run_region(info, args)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "demo"])
+@pytest.mark.parametrize("kind", ["llama", "demo"])
 def test_a_call_at_every_kernel_boundary_lints_and_computes_the_same(kind):
     """For every kernel j of the compiled forward and backward graphs (sdpa
     attention): a call before j that moves what kernel j-1 wrote and every

@@ -45,6 +45,19 @@ def test_the_docstring_batch_and_what_collate_gives(root):
     assert len(cu) > 5                                  # documents are shorter than a sample
     with pytest.raises(ValueError, match="collate: no samples"):
         collate([])
+    one = StreamingDataset(root, seq_len=32, tokenizer="r50k_base", logical_shards=4, provenance=True)
+    short = StreamingDataset(root, seq_len=16, tokenizer="r50k_base", logical_shards=4)
+    a, b = next(iter(one)), next(iter(short))
+    plain = {k: v for k, v in a.items() if k != "provenance"}
+    with pytest.raises(ValueError, match="collate: sample 1 holds 16 tokens, sample 0 32"):
+        collate([a, b])
+    with pytest.raises(ValueError, match="collate: sample 1 lacks provenance, sample 0 has it"):
+        collate([a, plain])
+    with pytest.raises(ValueError, match="collate: sample 1 has provenance, sample 0 lacks it"):
+        collate([plain, a])
+    assert collate([a, a])["provenance"][:, 0].tolist().count(1) == len(a["provenance"])
+    one.close()
+    short.close()
 
 
 def test_hf_labels_give_the_next_token_loss(root):
