@@ -82,6 +82,10 @@ int tio_text_stream_skip(tio_text_stream *s, uint64_t n);
 uint64_t tio_text_stream_pos(const tio_text_stream *s); /* decompressed bytes consumed */
 void tio_text_stream_close(tio_text_stream *s);
 
+/* tok/hf_json.c: tio_tok_parse_hf with `name` (a file's path) in its messages. */
+struct tio_tok;
+int tio_tok_parse_hf_named(struct tio_tok **out, const void *json, size_t len, const char *name);
+
 /* Keyed bijection of [0, n): 4-round Feistel with cycle walking. n >= 1. */
 uint64_t tio_permute(uint64_t i, uint64_t n, uint64_t key);
 uint64_t tio_mix64(uint64_t x);

@@ -74,7 +74,7 @@ int tio_data_tokenizer_open(const char *spec, const char *dir, tio_data_tokenize
         size_t len = 0;
         rc = tio_read_file(spec, &text, &len);
         if (!rc)
-            rc = tio_tok_parse_hf(&t->tok, text, len);
+            rc = tio_tok_parse_hf_named(&t->tok, text, len, spec);
         uint64_t h = 0xCBF29CE484222325ull;
         for (size_t i = 0; i < len; i++)
             h = (h ^ (uint8_t)text[i]) * 0x100000001B3ull;

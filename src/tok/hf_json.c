@@ -435,7 +435,7 @@ out:
     return rc;
 }
 
-int tio_tok_parse_hf(tio_tok **out, const void *json, size_t len)
+int tio_tok_parse_hf_named(tio_tok **out, const void *json, size_t len, const char *name)
 {
     if (!out || (!json && len))
         return tio_fail(-EINVAL, "tio_tok_parse_hf: NULL argument");
@@ -443,13 +443,18 @@ int tio_tok_parse_hf(tio_tok **out, const void *json, size_t len)
     tio_tok *tok;
     int rc = tok_new(&tok);
     if (rc == 0)
-        rc = build_hf(tok, json ? json : "", len, "<memory>");
+        rc = build_hf(tok, json ? json : "", len, name ? name : "<memory>");
     if (rc) {
         tio_tok_destroy(tok);
         return rc;
     }
     *out = tok;
     return 0;
+}
+
+int tio_tok_parse_hf(tio_tok **out, const void *json, size_t len)
+{
+    return tio_tok_parse_hf_named(out, json, len, NULL);
 }
 
 int tio_tok_load_hf(tio_tok **out, const char *path)
@@ -482,6 +487,12 @@ int tio_tok_parse_hf(tio_tok **out, const void *json, size_t len)
     if (out)
         *out = NULL;
     return tio_fail(-ENOTSUP, "teraio was built without json-c or PCRE2: tokenizer.json is not supported");
+}
+
+int tio_tok_parse_hf_named(tio_tok **out, const void *json, size_t len, const char *name)
+{
+    (void)name;
+    return tio_tok_parse_hf(out, json, len);
 }
 
 int tio_tok_load_hf(tio_tok **out, const char *path)

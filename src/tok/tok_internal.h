@@ -285,4 +285,7 @@ static inline const tok_pair_slot *tok_pair_find(const tio_tok *tok, uint32_t le
     }
 }
 
+/* tio_tok_parse_hf with `name` (a file's path) in its messages (data/tokenizer.c). */
+int tio_tok_parse_hf_named(tio_tok **out, const void *json, size_t len, const char *name);
+
 #endif

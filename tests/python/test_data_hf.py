@@ -112,3 +112,11 @@ def test_train_hf_example_offloaded_has_the_plain_losses(tmp_path):
     losses = {k: [line for line in v.splitlines() if line.startswith("step ")] for k, v in runs.items()}
     assert len(losses["plain"]) == 4 and losses["teraio"] == losses["plain"]
     assert "2 profiled and 2 planned steps" in runs["teraio"] and ", 0 kernels over" in runs["teraio"]
+
+
+def test_a_bad_tokenizer_json_is_named_by_its_path(root, tmp_path):
+    """Its errors said '<memory>' (the loader parsed the file's text without its name)."""
+    tj = tmp_path / "tokenizer.json"
+    tj.write_text(json.dumps({"model": {"type": "BPE", "vocab": {}, "merges": []}}))
+    with pytest.raises(Exception, match=f"^{tj}: no pre_tokenizer: not byte-level BPE"):
+        StreamingDataset(root, seq_len=8, tokenizer=str(tj))
