@@ -127,8 +127,8 @@ class Pager:
         """Has the program resized tracked storage `st` since (``resize_``,
         ``set_``: other bytes, mostly at another address)?  Evicting it by
         the old count would write freed memory and bring back too few bytes."""
-        return (L.tio_pager_is_resident(self._p, slot)
-                and (st.nbytes() != self._bytes.get(slot) or st.data_ptr() != self._addr.get(slot)))
+        return ((st.nbytes() != self._bytes.get(slot) or st.data_ptr() != self._addr.get(slot))
+                and L.tio_pager_is_resident(self._p, slot))  # an evicted one has no bytes
 
     def _retrack(self, st, slot: int) -> int | None:
         """Forget `slot` and track `st` as it is now."""
