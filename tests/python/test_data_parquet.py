@@ -306,6 +306,21 @@ def bomb_text(d):
     return (f"{d:08d} " + base)[:BOMB_ROW_BYTES]
 
 
+def check_bytes_samples(ds, count, text) -> set:
+    """`count` samples of a bytes-tokenized dataset with provenance: every span
+    is its document's bytes (`text(d)`) and the EOS 0; the documents seen."""
+    seen, it = set(), iter(ds)
+    for _ in range(count):
+        s = next(it)
+        toks = torch.cat([s["input_ids"], s["labels"][-1:]]).tolist()
+        at = 0
+        for _, _, d, off, n, _ in s["provenance"].tolist():
+            assert toks[at:at + n] == (list(text(d).encode()) + [0])[off:off + n], d
+            at += n
+            seen.add(d)
+    return seen
+
+
 def bomb_root(tmp_path, dictionary):
     r = tmp_path / ("dict" if dictionary else "plain")
     (r / "s").mkdir(parents=True)
@@ -334,15 +349,7 @@ def test_parquet_bomb_costs_a_window_not_the_row_group(tmp_path):
     assert peak_kib < 640 << 10, peak_kib               # was 1.5 GB; 387 MB measured
     ds = StreamingDataset(str(r), seq_len=64, tokenizer="bytes", eos_id=0, provenance=True,
                           logical_shards=4)
-    it = iter(ds)
-    for _ in range(30):
-        s = next(it)
-        toks = torch.cat([s["input_ids"], s["labels"][-1:]]).tolist()
-        at = 0
-        for _, _, d, off, n, _ in s["provenance"].tolist():
-            want = list(bomb_text(d).encode()) + [0]
-            assert toks[at:at + n] == want[off:off + n], d
-            at += n
+    check_bytes_samples(ds, 30, bomb_text)
     # the rows of a slice are named by their own row group and row
     assert ds.locate(0, 0, BOMB_ROWS - 1) == {"path": "s/x.parquet", "format": "Parquet text",
                                               "unit": 0, "row": BOMB_ROWS - 1}
@@ -369,14 +376,4 @@ def test_dictionary_typed_text_column_is_text(tmp_path):
     pq.write_table(pa.table({"text": pa.array(texts).dictionary_encode()}), r / "t" / "b.parquet",
                    row_group_size=5)
     ds = StreamingDataset(str(r), seq_len=16, tokenizer="bytes", provenance=True, logical_shards=2)
-    seen = {}
-    it = iter(ds)
-    for _ in range(40):
-        s = next(it)
-        toks = torch.cat([s["input_ids"], s["labels"][-1:]]).tolist()
-        at = 0
-        for _, _, d, off, n, ep in s["provenance"].tolist():
-            assert toks[at:at + n] == (list(texts[d].encode()) + [0])[off:off + n], d
-            at += n
-            seen[d] = True
-    assert set(seen) == set(range(12))
+    assert check_bytes_samples(ds, 40, texts.__getitem__) == set(range(12))
