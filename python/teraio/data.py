@@ -35,20 +35,16 @@ _EOS_TEXTS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>")
 LABELS = ("next", "hf")
 
 
-def _default_eos(tokenizer, tokenizers_dir) -> int:
-    """The end-of-document id of `tokenizer` when eos_id is not given: 0 for
-    bytes, else its <|endoftext|> (or </s>, ...)."""
-    if str(tokenizer) == "bytes":
+def _default_eos(tok, spec: str) -> int:
+    """The end-of-document id of the opened data tokenizer `tok` when eos_id
+    is not given: 0 for bytes, else its <|endoftext|> (or </s>, ...), looked
+    up in the BPE it already loaded (its ctx is the tio_tok)."""
+    if tok.contents.name.decode() == "bytes":
         return 0
-    from .tok import Tokenizer
-    spec = str(tokenizer)
-    tok = Tokenizer.huggingface(spec) if spec.endswith(".json") else Tokenizer.encoding(spec, tokenizers_dir)
-    with tok:
-        for text in _EOS_TEXTS:
-            try:
-                return tok.special_id(text)
-            except TeraioError:
-                continue
+    for text in _EOS_TEXTS:
+        rc = L.tio_tok_special_id(tok.contents.ctx, text.encode())
+        if rc >= 0:
+            return rc
     raise ValueError(f"StreamingDataset: tokenizer {spec} has none of the special tokens {', '.join(_EOS_TEXTS)}: "
                      f"give eos_id, the id that ends a document")
 
@@ -217,7 +213,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._tok = tok
         self.tokenizer = tok.contents.name.decode()
         if eos_id is None:           # the tokenizer opened: its end-of-text id
-            eos_id = _default_eos(tokenizer, tokenizers_dir)
+            eos_id = _default_eos(tok, str(tokenizer))
         self.eos_id = eos_id
         dopts = L.DatasetOptions()
         L.tio_dataset_options_default(byref(dopts))

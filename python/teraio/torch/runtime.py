@@ -161,7 +161,7 @@ class _Mode(TorchDispatchMode):
             i = by_key.get(st._cdata)
             if i is None:
                 rt._new(st)
-            elif i in rt._bound and st.nbytes() != rt.trace.tensor_bytes(i):
+            elif i in rt._bound and st.nbytes() != rt._trace_bytes[i]:
                 resized.append((i, st))  # resize_ or set_ on a bound storage: other bytes, another address
         rt._signature.append((name, tuple(sizes)))
         for i, st in resized:
@@ -243,6 +243,7 @@ class OffloadRuntime:
         stays away until the plan wants it)."""
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
+        self._trace_bytes = [trace.tensor_bytes(i) for i in range(trace.n_tensors)]  # read per operator
         # The C engine, which the C runtime keeps alive (tio_engine_retain) even after the
         # Engine object is closed: the pagers of diverged iterations work over it.
         self._engine_c = _EngineHandle(engine._p) if engine is not None else None

@@ -319,8 +319,8 @@ class Session:
         where that thread brings every tensor back and waits until the
         readers waiting then have left (one that comes while they read waits
         for the next boundary, so readers cannot stall training); the next
-        step then puts them back where its plan has them.  From the driving thread itself (between steps) it is
-        fetch_all().  Raises TimeoutError if no boundary comes within
+        step then puts them back where its plan has them.  From the driving
+        thread itself (between steps) it is fetch_all().  Raises TimeoutError if no boundary comes within
         `timeout` seconds (None: wait), RuntimeError if the tensors could not
         be brought back (the reason is in the message)."""
         if threading.get_ident() == self._thread:
