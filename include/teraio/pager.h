@@ -60,7 +60,8 @@ typedef struct {
 typedef struct {
     uint64_t capacity_bytes;        /* the capacity in force now */
     uint64_t resident_bytes;        /* tracked tensors whose memory is held */
-    uint64_t peak_resident_bytes;   /* the largest resident_bytes inside any call */
+    uint64_t peak_resident_bytes;   /* the largest resident_bytes inside any call but
+                                       tio_pager_fetch and tio_pager_fetch_all */
     uint64_t tracked_bytes;         /* tracked tensors, resident or evicted */
     uint64_t peak_tracked_bytes;    /* the largest tracked_bytes (the memory without the pager) */
     uint64_t evictions, bytes_evicted;
@@ -131,8 +132,17 @@ TIO_API int tio_pager_use(tio_pager *p, uint32_t slot, void **addr);
  * error. */
 TIO_API int tio_pager_reserve(tio_pager *p, uint64_t bytes);
 
+/* Bring `slot` back if it is evicted, whatever the capacity, evicting
+ * nothing: for a read between steps (the program's, outside any kernel).
+ * It does not count toward peak_resident_bytes or the kernels over the
+ * capacity, which describe kernels.  Returns 0 (resident), 1 (fetched),
+ * -EINVAL (no such slot), -EPERM, or an allocation or I/O error (the tensor
+ * stays evicted, its copy intact). */
+TIO_API int tio_pager_fetch(tio_pager *p, uint32_t slot);
+
 /* Bring every evicted tensor back, whatever the capacity (checkpointing,
- * the end of profiling).  Returns 0, -EPERM, or the first error. */
+ * the end of profiling); like tio_pager_fetch, not counted toward
+ * peak_resident_bytes.  Returns 0, -EPERM, or the first error. */
 TIO_API int tio_pager_fetch_all(tio_pager *p);
 
 /* Is the tensor of `slot` tracked and resident?  (No I/O, owner thread.) */

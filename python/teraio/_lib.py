@@ -364,6 +364,7 @@ tio_pager_track_stored = _fn("tio_pager_track_stored", c_int, c_void_p, c_uint64
 tio_pager_forget = _fn("tio_pager_forget", c_int, c_void_p, c_uint32)
 tio_pager_use = _fn("tio_pager_use", c_int, c_void_p, c_uint32, POINTER(c_void_p))
 tio_pager_reserve = _fn("tio_pager_reserve", c_int, c_void_p, c_uint64)
+tio_pager_fetch = _fn("tio_pager_fetch", c_int, c_void_p, c_uint32)
 tio_pager_fetch_all = _fn("tio_pager_fetch_all", c_int, c_void_p)
 tio_pager_is_resident = _fn("tio_pager_is_resident", c_bool, c_void_p, c_uint32)
 tio_pager_detach = _fn("tio_pager_detach", c_int, c_void_p, c_uint32, POINTER(c_bool), POINTER(Extent))

@@ -345,8 +345,10 @@ int tio_pager_forget(tio_pager *p, uint32_t slot)
     return 0;
 }
 
-/* Fetch evicted slot s back (the caller made room, or does not care). */
-static int fetch(tio_pager *p, uint32_t s)
+/* Fetch evicted slot s back (the caller made room, or does not care).
+ * `counted`: at a kernel, where the resident bytes count toward the peak;
+ * between steps (tio_pager_fetch, tio_pager_fetch_all) they do not. */
+static int fetch(tio_pager *p, uint32_t s, bool counted)
 {
     pg_slot *x = &p->slots[s];
     void *addr = NULL;
@@ -368,7 +370,8 @@ static int fetch(tio_pager *p, uint32_t s)
     p->stats.resident_bytes += x->bytes;
     p->stats.fetches++;
     p->stats.bytes_fetched += x->bytes;
-    note_peak(p);
+    if (counted)
+        note_peak(p);
     return 1;
 }
 
@@ -383,7 +386,7 @@ int tio_pager_use(tio_pager *p, uint32_t slot, void **addr)
     x->epoch = p->epoch;
     rc = 0;
     if (!x->resident) {
-        if ((rc = make_room(p, x->bytes)) < 0 || (rc = fetch(p, slot)) < 0)
+        if ((rc = make_room(p, x->bytes)) < 0 || (rc = fetch(p, slot, true)) < 0)
             return rc;
     }
     push_head(p, slot);
@@ -400,6 +403,21 @@ int tio_pager_reserve(tio_pager *p, uint64_t bytes)
     return make_room(p, bytes);
 }
 
+int tio_pager_fetch(tio_pager *p, uint32_t slot)
+{
+    int rc = check_thread(p, "tio_pager_fetch");
+    if (rc == 0)
+        rc = check_slot(p, slot, "tio_pager_fetch");
+    if (rc < 0)
+        return rc;
+    if (p->slots[slot].resident)
+        return 0;
+    rc = fetch(p, slot, false);
+    if (rc > 0)
+        push_head(p, slot);
+    return rc;
+}
+
 int tio_pager_fetch_all(tio_pager *p)
 {
     int rc = check_thread(p, "tio_pager_fetch_all");
@@ -410,7 +428,7 @@ int tio_pager_fetch_all(tio_pager *p)
         pg_slot *x = &p->slots[s];
         if (!x->used || x->resident)
             continue;
-        rc = fetch(p, s);
+        rc = fetch(p, s, false);
         if (rc < 0 && first == 0)
             first = rc;
         if (rc > 0)

@@ -383,6 +383,42 @@ typedef struct {
     int rc[4];
 } other_thread;
 
+/* Between steps the program's reads bring tensors back without a capacity:
+ * neither tio_pager_fetch nor tio_pager_fetch_all counts toward the peak or
+ * the kernels over the capacity, which describe kernels. */
+static void test_fetches_between_steps_are_not_counted_as_kernels(void **state)
+{
+    fixture *f = *state;
+    make_pager(f, 2 * KB, 0);
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    track(f, 0, 1);
+    track(f, 1, 1);
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    track(f, 2, 1);
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    track(f, 3, 1);
+    tio_pager_stats s = stats_of(f);
+    assert_int_equal(s.resident_bytes, 2 * KB);
+    uint64_t peak = s.peak_resident_bytes;
+    assert_false(tio_pager_is_resident(f->p, f->slot[0]));
+    assert_int_equal(tio_pager_fetch(f->p, f->slot[0]), 1);
+    assert_int_equal(tio_pager_fetch(f->p, f->slot[0]), 0);     /* resident: nothing to do */
+    assert_true(intact(f, 0));
+    assert_int_equal(tio_pager_fetch(f->p, 99), -EINVAL);
+    s = stats_of(f);
+    assert_int_equal(s.resident_bytes, 3 * KB);                 /* nothing evicted for it */
+    assert_int_equal(tio_pager_fetch_all(f->p), 0);
+    assert_true(intact(f, 1));
+    s = stats_of(f);
+    assert_int_equal(s.resident_bytes, 4 * KB);
+    assert_int_equal(s.peak_resident_bytes, peak);
+    assert_int_equal(s.over_capacity_kernels, 0);
+    /* the next kernel makes room again, and counts */
+    assert_int_equal(tio_pager_kernel_begin(f->p), 0);
+    assert_int_equal(tio_pager_reserve(f->p, 0), 0);
+    assert_int_equal(stats_of(f).resident_bytes, 2 * KB);
+}
+
 static void *from_other_thread(void *arg)
 {
     other_thread *o = arg;
@@ -434,6 +470,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_lru_eviction_keeps_the_capacity, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_kernel_over_the_capacity_is_counted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fetches_between_steps_are_not_counted_as_kernels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_capacity_as_a_share_of_the_peak_seen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_evicted_tensor_is_handed_over_to_a_runtime, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_runtime_hands_its_tensors_to_a_pager, setup, teardown),

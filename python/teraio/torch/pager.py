@@ -231,10 +231,11 @@ class Pager:
             self.fetch(st)
 
     def fetch(self, st) -> None:
-        """Bring `st` back if it is evicted (outside a step: no capacity)."""
+        """Bring `st` back if it is evicted (outside a step: no capacity, not
+        counted as a kernel's)."""
         slot = self._slot.get(st._cdata)
         if slot is not None and not L.tio_pager_is_resident(self._p, slot):
-            L.check(L.tio_pager_use(self._p, slot, None))
+            L.check(L.tio_pager_fetch(self._p, slot))
 
     def kernel_begin(self, reserve_bytes: int = 0) -> None:
         self.drain()

@@ -1,0 +1,121 @@
+"""examples/train_trainer.py — a Hugging Face model trained from teraio's loader by the ``Trainer``.
+
+    .venv/bin/python examples/train_trainer.py --steps 20                 # the Trainer alone
+    .venv/bin/python examples/train_trainer.py --steps 20 --offload 0.6   # its tensors offloaded by teraio
+    TERAIO_CAPACITY=0.6 TERAIO_SSD=/mnt/nvme0/x .venv/bin/python examples/train_trainer.py --steps 20
+
+The model, the data and the tokenizer are examples/train_hf.py's (GPT-2 from
+a small config; ``teraio.data.StreamingDataset`` over JSONL, r50k_base,
+``labels="hf"``); here transformers' ``Trainer`` runs the loop, with
+gradient accumulation (``--accumulate``), an evaluation every
+``--eval-every`` steps on held-out batches and a checkpoint every
+``--save-every`` steps (``--resume`` continues from the newest).  teraio comes in as one
+callback, ``teraio.torch.trainer.OffloadCallback``: with ``--offload C``,
+or with ``TERAIO_CAPACITY`` set (then ``TERAIO_SSD`` names the SSD
+directories; without it OUT/ssd).  Prints the Trainer's log lines as JSON
+(losses as exact floats) and, offloaded, what moved.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from teraio.data import StreamingDataset, collate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_hf import write_corpus  # noqa: E402  (the same corpus)
+
+
+def hf_batch(samples):
+    """teraio.data.collate, keeping what a Hugging Face causal LM takes."""
+    b = collate(samples)
+    return {k: b[k] for k in ("input_ids", "position_ids", "labels")}
+
+
+class Held(torch.utils.data.Dataset):
+    """The first `n` samples of a StreamingDataset, read once: an eval set."""
+
+    def __init__(self, ds, n):
+        it = iter(ds)
+        self.samples = [next(it) for _ in range(n)]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="build/train-trainer", help="corpus, checkpoints and SSD files "
+                                                                   "(default %(default)s)")
+    ap.add_argument("--data", help="dataset root (default: OUT/corpus, written when absent)")
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps")
+    ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--accumulate", type=int, default=2, help="micro-batches per optimizer step")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--save-every", type=int, default=10)
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints' newest checkpoint")
+    ap.add_argument("--offload", type=float, metavar="C", help="offload with teraio at capacity C (0 < C <= 1)")
+    a = ap.parse_args(argv)
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    out = Path(a.out)
+    data = Path(a.data) if a.data else out / "corpus"
+    if not a.data and not data.exists():
+        write_corpus(data)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=a.seq_len))
+    train = StreamingDataset(data, seq_len=a.seq_len, tokenizer="r50k_base", labels="hf", seed=0,
+                             logical_shards=8)
+    held = StreamingDataset(data, seq_len=a.seq_len, tokenizer="r50k_base", labels="hf", seed=1,
+                            logical_shards=8)
+    evals = Held(held, 2 * a.batch_size)
+    held.close()
+    callbacks = []
+    if a.offload is not None or os.environ.get("TERAIO_CAPACITY"):
+        from teraio.torch.trainer import OffloadCallback
+        ssd = None
+        if not os.environ.get("TERAIO_SSD"):
+            ssd = str(out / "ssd")
+            os.makedirs(ssd, exist_ok=True)
+        callbacks.append(OffloadCallback(capacity=a.offload, ssd=ssd))
+    args = TrainingArguments(output_dir=str(out / "checkpoints"), max_steps=a.steps,
+                             per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=a.batch_size,
+                             gradient_accumulation_steps=a.accumulate, learning_rate=1e-3,
+                             eval_strategy="steps", eval_steps=a.eval_every, save_steps=a.save_every,
+                             logging_steps=1, report_to=[], use_cpu=True, seed=0, dataloader_num_workers=0,
+                             disable_tqdm=True, log_level="warning",
+                             remove_unused_columns=False)  # hf_batch picks the model's inputs itself
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=hf_batch,
+                      callbacks=callbacks)
+    resume = None
+    if a.resume:
+        found = sorted((p for p in (out / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
+                       key=lambda p: int(p.name[11:]))
+        if not found:
+            print(f"train_trainer: no checkpoint under {out / 'checkpoints'} to resume from", file=sys.stderr)
+            return 1
+        resume = str(found[-1])
+    trainer.train(resume_from_checkpoint=resume)
+    for h in trainer.state.log_history:
+        keep = {k: h[k] for k in ("step", "loss", "eval_loss") if k in h}
+        if len(keep) > 1:
+            print(json.dumps(keep), flush=True)
+    if callbacks:
+        r = callbacks[0].report
+        print(f"offloaded: {r['profiled_iterations']} profiled and {r['planned_iterations']} planned steps, "
+              f"{r['bytes_offloaded'] / 2**20:.1f} MiB to SSD, peak resident {r['peak_resident_bytes'] / 2**20:.1f} "
+              f"MiB of {r['capacity_bytes'] / 2**20:.1f} MiB, {r['over_capacity_kernels']} kernels over")
+    train.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
