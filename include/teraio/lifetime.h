@@ -76,6 +76,33 @@ TIO_API void tio_lifetime_destroy(tio_lifetime *lt);
  * n_kernels (wrapping into the next iteration). */
 TIO_API uint64_t tio_lifetime_span_ns(const tio_lifetime *lt, uint64_t from, uint64_t to);
 
+/* Why a tensor stays resident at the floor kernel (tio_lifetime_floor_tensors). */
+typedef enum {
+    TIO_FLOOR_ACCESSED = 0,     /* the floor kernel reads or writes it */
+    TIO_FLOOR_HELD_AFTER_LAST_USE = 1, /* an intermediate past its last use, not yet freed: the
+                                  program holds it (a Python variable, a gradient waiting
+                                  for zero_grad, autograd's saved tensors) */
+    TIO_FLOOR_NEVER_ACCESSED = 2, /* a global tensor no kernel accesses (a frozen buffer) */
+} tio_floor_reason;
+
+typedef struct {
+    uint32_t tensor;            /* trace tensor id */
+    uint64_t bytes;
+    tio_floor_reason reason;
+} tio_floor_tensor;
+
+/* Name of a reason ("accessed", "held after its last use", "never accessed"). */
+TIO_API const char *tio_floor_reason_name(tio_floor_reason reason);
+
+/* The tensors that make the working-set floor: resident at floor_kernel
+ * with no inactive period there to move them in, the largest first (ties by
+ * id); their bytes sum to floor_bytes.  Writes the first min(cap, total) to
+ * `out` (may be NULL when cap is 0) and the total to *n.  `trace` must be the
+ * analysed one.  Returns 0, -EINVAL (NULL trace, lifetime or n; a trace of
+ * other sizes; out NULL with cap > 0), -ENOMEM.  Thread-safe (reads only). */
+TIO_API int tio_lifetime_floor_tensors(const tio_trace *trace, const tio_lifetime *lt,
+                                       tio_floor_tensor *out, uint32_t cap, uint32_t *n);
+
 #define TIO_SIZE_BUCKETS 8
 /* The paper's statistics. */
 typedef struct {

@@ -126,6 +126,7 @@ class Trace(Structure):
 TraceP = POINTER(Trace)
 tio_trace_create = _fn("tio_trace_create", c_int, c_char_p, POINTER(TraceP))
 tio_trace_destroy = _fn("tio_trace_destroy", None, TraceP)
+tio_tensor_kind_name = _fn("tio_tensor_kind_name", c_char_p, c_int)
 tio_trace_add_tensor = _fn("tio_trace_add_tensor", c_int, TraceP, c_uint64, c_int, c_bool, c_char_p,
                            POINTER(c_uint32))
 tio_trace_add_kernel = _fn("tio_trace_add_kernel", c_int, TraceP, c_char_p, c_uint64)
@@ -150,6 +151,16 @@ class Lifetime(Structure):
 LifetimeP = POINTER(Lifetime)
 tio_lifetime_analyze = _fn("tio_lifetime_analyze", c_int, TraceP, POINTER(LifetimeP))
 tio_lifetime_destroy = _fn("tio_lifetime_destroy", None, LifetimeP)
+
+
+class FloorTensor(Structure):
+    _c_name = "tio_floor_tensor"
+    _fields_ = [("tensor", c_uint32), ("bytes", c_uint64), ("reason", c_int)]
+
+
+tio_lifetime_floor_tensors = _fn("tio_lifetime_floor_tensors", c_int, TraceP, LifetimeP, POINTER(FloorTensor),
+                                 c_uint32, POINTER(c_uint32))
+tio_floor_reason_name = _fn("tio_floor_reason_name", c_char_p, c_int)
 
 # ---- plan -------------------------------------------------------------------
 PLANNERS = {"teraio": 0, "alg1": 1}

@@ -83,6 +83,10 @@ class Trace:
         name = self._p.contents.tensors[i].name
         return name.decode() if name is not None else None
 
+    def tensor_kind(self, i: int) -> str:
+        """"parameter", "gradient", "optimizer_state", "activation", ..."""
+        return L.tio_tensor_kind_name(self._p.contents.tensors[i].kind).decode()
+
     def tensor_is_global(self, i: int) -> bool:
         return bool(self._p.contents.tensors[i].global_)
 
@@ -123,6 +127,24 @@ class Lifetime:
     def floor_kernel(self) -> int:
         """The first kernel whose need is floor_bytes."""
         return self._p.contents.floor_kernel
+
+    def floor_tensors(self) -> list[dict]:
+        """The tensors that make the working-set floor, at ``floor_kernel``:
+        each ``{"tensor", "name", "kind", "bytes", "reason"}``, the largest
+        first, with reason "accessed" (the kernel reads or writes it), "held
+        after its last use" (the program holds it: a variable, a gradient
+        waiting for ``zero_grad``) or "never accessed" (a global no kernel
+        touches).  Their bytes sum to floor_bytes."""
+        n = ctypes.c_uint32(0)
+        L.check(L.tio_lifetime_floor_tensors(self.trace._p, self._p, None, 0, ctypes.byref(n)))
+        buf = (L.FloorTensor * max(n.value, 1))()
+        L.check(L.tio_lifetime_floor_tensors(self.trace._p, self._p, buf, n.value, ctypes.byref(n)))
+        out = []
+        for f in buf[: n.value]:
+            out.append({"tensor": f.tensor, "name": self.trace.tensor_name(f.tensor),
+                        "kind": self.trace.tensor_kind(f.tensor), "bytes": f.bytes,
+                        "reason": L.tio_floor_reason_name(f.reason).decode()})
+        return out
 
     def memory_curve(self) -> list[int]:
         c = self._p.contents

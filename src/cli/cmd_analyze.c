@@ -7,18 +7,23 @@
  * per-kernel working set (no capacity below it can work), how small the
  * active share is (the TERAIO paper's 1.7% observation), the tensor size
  * histogram and how many inactive periods are long enough to hide an SSD
- * round trip at the given bandwidths.  All numbers come from
+ * round trip at the given bandwidths, and the tensors that make the
+ * working-set floor (what its kernel accesses, what is held there after
+ * its last use).  All numbers come from
  * tio_lifetime_analyze / tio_lifetime_stats_compute; this file only parses
  * options and formats.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "teraio/teraio.h"
 
 #define CMD "analyze"
+#define FLOOR_SHOWN 12 /* floor tensors the report lists */
 
 static const char *const bucket_labels[TIO_SIZE_BUCKETS] = {
     "<1MiB", "<4MiB", "<16MiB", "<64MiB", "<256MiB", "<1GiB", "<4GiB", ">=4GiB",
@@ -58,7 +63,7 @@ typedef struct {
 } analyze_options;
 
 static void print_json(const analyze_options *o, const tio_trace *trace, const tio_lifetime *lt,
-                       const tio_lifetime_stats *st)
+                       const tio_lifetime_stats *st, const tio_floor_tensor *floor, uint32_t n_floor)
 {
     printf("{\"trace\": ");
     cli_json_string(stdout, o->path);
@@ -75,6 +80,18 @@ static void print_json(const analyze_options *o, const tio_trace *trace, const t
     printf(", \"max_active_bytes\": %llu", (unsigned long long)lt->max_active_bytes);
     printf(", \"floor_bytes\": %llu, \"floor_kernel\": %u", (unsigned long long)lt->floor_bytes,
            lt->floor_kernel);
+    printf(", \"floor_tensors\": [");
+    for (uint32_t i = 0; i < n_floor; i++) {
+        const tio_trace_tensor *t = &trace->tensors[floor[i].tensor];
+        printf("%s{\"tensor\": %u, \"name\": ", i ? ", " : "", floor[i].tensor);
+        if (t->name)
+            cli_json_string(stdout, t->name);
+        else
+            printf("null");
+        printf(", \"kind\": \"%s\", \"bytes\": %llu, \"reason\": \"%s\"}", tio_tensor_kind_name(t->kind),
+               (unsigned long long)floor[i].bytes, tio_floor_reason_name(floor[i].reason));
+    }
+    printf("]");
     printf(", \"mean_active_share\": %.6g, \"max_active_share\": %.6g", st->mean_active_share,
            st->max_active_share);
     printf(", \"size_histogram\": [");
@@ -93,7 +110,8 @@ static void print_json(const analyze_options *o, const tio_trace *trace, const t
 }
 
 static void print_report(const analyze_options *o, const tio_trace *trace,
-                         const tio_lifetime *lt, const tio_lifetime_stats *st)
+                         const tio_lifetime *lt, const tio_lifetime_stats *st,
+                         const tio_floor_tensor *floor, uint32_t n_floor)
 {
     char b1[32], b2[32];
     uint32_t globals = count_global(trace);
@@ -113,6 +131,15 @@ static void print_report(const analyze_options *o, const tio_trace *trace,
         printf("working-set floor %s at kernel %u (%s): no plan goes below it\n",
                tio_format_bytes(lt->floor_bytes, b1), lt->floor_kernel,
                trace->kernels[lt->floor_kernel].name);
+    for (uint32_t i = 0; i < n_floor && i < FLOOR_SHOWN; i++) {
+        const tio_trace_tensor *t = &trace->tensors[floor[i].tensor];
+        char b[32], id[24];
+        snprintf(id, sizeof id, "tensor %u", floor[i].tensor);
+        printf("  %-10s %-15s %-24s %s\n", tio_format_bytes(floor[i].bytes, b), tio_tensor_kind_name(t->kind),
+               tio_floor_reason_name(floor[i].reason), t->name ? t->name : id);
+    }
+    if (n_floor > FLOOR_SHOWN)
+        printf("  ... and %u more tensors (--json lists them all)\n", n_floor - FLOOR_SHOWN);
     printf("active share      mean %.2f%%, max %.2f%% of peak\n", 100 * st->mean_active_share,
            100 * st->max_active_share);
     printf("tensor sizes     ");
@@ -182,10 +209,24 @@ int cmd_analyze(int argc, char **argv)
         tio_trace_destroy(trace);
         return cli_lib_error(CMD, rc);
     }
+    uint32_t n_floor = 0;
+    tio_floor_tensor *floor = NULL;
+    if ((rc = tio_lifetime_floor_tensors(trace, lt, NULL, 0, &n_floor)) == 0 && n_floor > 0) {
+        floor = malloc(n_floor * sizeof *floor);
+        rc = floor ? tio_lifetime_floor_tensors(trace, lt, floor, n_floor, &n_floor) : -ENOMEM;
+    }
+    if (rc) {
+        free(floor);
+        tio_lifetime_destroy(lt);
+        tio_trace_destroy(trace);
+        return rc == -ENOMEM && !floor ? cli_error(CMD, "out of memory for %u floor tensors", n_floor)
+                                       : cli_lib_error(CMD, rc);
+    }
     if (o.json)
-        print_json(&o, trace, lt, &st);
+        print_json(&o, trace, lt, &st, floor, n_floor);
     else
-        print_report(&o, trace, lt, &st);
+        print_report(&o, trace, lt, &st, floor, n_floor);
+    free(floor);
     tio_lifetime_destroy(lt);
     tio_trace_destroy(trace);
     return 0;

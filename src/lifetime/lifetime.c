@@ -295,3 +295,88 @@ int tio_lifetime_stats_compute(const tio_lifetime *lt, double ssd_read_gbps,
         out->long_period_bytes_share = long_bytes / all_bytes;
     return 0;
 }
+
+const char *tio_floor_reason_name(tio_floor_reason reason)
+{
+    switch (reason) {
+    case TIO_FLOOR_ACCESSED: return "accessed";
+    case TIO_FLOOR_HELD_AFTER_LAST_USE: return "held after its last use";
+    case TIO_FLOOR_NEVER_ACCESSED: return "never accessed";
+    }
+    return "?";
+}
+
+static int by_bytes_desc(const void *a, const void *b)
+{
+    const tio_floor_tensor *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    return (x->tensor > y->tensor) - (x->tensor < y->tensor);
+}
+
+/* Is tensor t resident at kernel k if nothing moves (the memory curve's rule)? */
+static bool resident_at(const tio_trace *tr, const tio_lifetime *lt, uint32_t t, uint32_t k)
+{
+    if (tr->tensors[t].global)
+        return true;
+    if (lt->first_use[t] == UINT32_MAX || k < lt->first_use[t])
+        return false;
+    uint32_t end = lt->last_use[t] + 1, freed = tr->tensors[t].free_kernel;
+    return k < (freed > end ? freed : end);
+}
+
+int tio_lifetime_floor_tensors(const tio_trace *trace, const tio_lifetime *lt,
+                               tio_floor_tensor *out, uint32_t cap, uint32_t *n)
+{
+    if (!trace || !lt || !n || (cap > 0 && !out))
+        return tio_fail(-EINVAL, "tio_lifetime_floor_tensors: trace, lifetime and n are required "
+                        "(and out when cap > 0)");
+    *n = 0;
+    if (lt->n_kernels != trace->n_kernels || lt->n_tensors != trace->n_tensors)
+        return tio_fail(-EINVAL, "tio_lifetime_floor_tensors: the lifetime (%u kernels, %u tensors) "
+                        "is not of this trace (%u kernels, %u tensors)", lt->n_kernels, lt->n_tensors,
+                        trace->n_kernels, trace->n_tensors);
+    if (lt->n_kernels == 0)
+        return 0;
+    uint32_t k = lt->floor_kernel, nt = trace->n_tensors;
+    /* 0: not at the floor; 1: resident there; 2: a period covers it */
+    uint8_t *state = calloc(nt ? nt : 1, 1);
+    tio_floor_tensor *all = malloc((nt ? nt : 1) * sizeof *all);
+    if (!state || !all) {
+        free(state);
+        free(all);
+        return tio_fail(-ENOMEM, "tio_lifetime_floor_tensors: out of memory for %u tensors", nt);
+    }
+    for (uint32_t t = 0; t < nt; t++)
+        state[t] = resident_at(trace, lt, t, k);
+    uint64_t n_k = lt->n_kernels;
+    for (uint32_t i = 0; i < lt->n_periods; i++) {
+        const tio_inactive_period *p = &lt->periods[i];
+        uint64_t a = (uint64_t)p->last_use + 1, b = p->next_use;
+        if ((k >= a && k < b) || (b > n_k && k < b - n_k))
+            state[p->tensor] = 2;
+    }
+    const tio_trace_kernel *kern = &trace->kernels[k];
+    const tio_trace_access *acc = trace->accesses + kern->first_access;
+    uint32_t m = 0;
+    for (uint32_t t = 0; t < nt; t++) {
+        if (state[t] != 1)
+            continue;
+        tio_floor_reason why = TIO_FLOOR_HELD_AFTER_LAST_USE;
+        if (trace->tensors[t].global && lt->first_use[t] == UINT32_MAX)
+            why = TIO_FLOOR_NEVER_ACCESSED;
+        for (uint32_t i = 0; i < kern->n_accesses; i++)
+            if (acc[i].tensor == t) {
+                why = TIO_FLOOR_ACCESSED;
+                break;
+            }
+        all[m++] = (tio_floor_tensor){.tensor = t, .bytes = trace->tensors[t].bytes, .reason = why};
+    }
+    qsort(all, m, sizeof *all, by_bytes_desc);
+    if (out && cap)
+        memcpy(out, all, (size_t)(m < cap ? m : cap) * sizeof *all);
+    *n = m;
+    free(state);
+    free(all);
+    return 0;
+}

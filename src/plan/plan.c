@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
@@ -48,6 +49,60 @@ int tio_planner_parse(const char *name, tio_planner *out)
     return tio_fail(-EINVAL, "unknown planner '%s' (teraio, alg1)", name ? name : "");
 }
 
+/* Appends one floor tensor ("name (kind, bytes, why)") to buf at *at. */
+static void put_floor_tensor(const tio_trace *trace, const tio_lifetime *lt, const tio_floor_tensor *f,
+                             char *buf, size_t size, size_t *at, bool first_in_list)
+{
+    const tio_trace_tensor *t = &trace->tensors[f->tensor];
+    char b[32], where[128] = "";
+    uint32_t first = lt->first_use[f->tensor];
+    if (!t->name && first < trace->n_kernels)
+        snprintf(where, sizeof where, ", first used by kernel %u (%s)", first, trace->kernels[first].name);
+    if (*at >= size)
+        return;
+    if (t->name)
+        *at += (size_t)snprintf(buf + *at, size - *at, "%s%s", first_in_list ? "" : ", ", t->name);
+    else
+        *at += (size_t)snprintf(buf + *at, size - *at, "%stensor %u", first_in_list ? "" : ", ", f->tensor);
+    if (*at < size)
+        *at += (size_t)snprintf(buf + *at, size - *at, " (%s, %s%s)", tio_tensor_kind_name(t->kind),
+                                tio_format_bytes(f->bytes, b), where);
+}
+
+/* The tensors that make the floor (tio_lifetime_floor_tensors), for the
+ * refusal: first those the kernel does not access (held after their last
+ * use, or never accessed: what a program can release), then those it
+ * accesses, the largest of each, three at most; "" when they cannot be listed. */
+static void floor_tensors_text(const tio_trace *trace, const tio_lifetime *lt, char *buf, size_t size)
+{
+    uint32_t n = 0;
+    buf[0] = 0;
+    if (tio_lifetime_floor_tensors(trace, lt, NULL, 0, &n) < 0 || n == 0)
+        return;
+    tio_floor_tensor *all = malloc(n * sizeof *all);
+    if (!all || tio_lifetime_floor_tensors(trace, lt, all, n, &n) < 0) {
+        free(all);
+        return;
+    }
+    size_t at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t shown = 0, count = 0;
+        for (uint32_t i = 0; i < n; i++)
+            count += (all[i].reason == TIO_FLOOR_ACCESSED) == (pass == 1);
+        if (count == 0 || at >= size)
+            continue;
+        at += (size_t)snprintf(buf + at, size - at, pass ? "; accessed: " : "; held: ");
+        for (uint32_t i = 0; i < n && shown < 3; i++)
+            if ((all[i].reason == TIO_FLOOR_ACCESSED) == (pass == 1))
+                put_floor_tensor(trace, lt, &all[i], buf, size, &at, shown++ == 0);
+        if (count > shown && at < size)
+            at += (size_t)snprintf(buf + at, size - at, " and %u more", count - shown);
+    }
+    if (at < size)
+        snprintf(buf + at, size - at, " (teraio analyze lists them)");
+    free(all);
+}
+
 /* The checks both planners rely on; the messages are tio_plan_build's. */
 static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
                         const tio_plan_options *opt)
@@ -82,23 +137,24 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
     }
     if (opt->capacity_bytes < lt->floor_bytes) {
         uint32_t k = lt->floor_kernel;
-        char cap[32], need[32], held[32];
+        char cap[32], need[32], held[32], largest[768];
         tio_format_bytes(opt->capacity_bytes, cap);
         tio_format_bytes(lt->floor_bytes, need);
         if (!strcmp(cap, need)) { /* rounded alike: the exact counts */
             snprintf(cap, sizeof cap, "%llu B", (unsigned long long)opt->capacity_bytes);
             snprintf(need, sizeof need, "%llu B", (unsigned long long)lt->floor_bytes);
         }
+        floor_tensors_text(trace, lt, largest, sizeof largest);
         uint64_t held_bytes = lt->floor_bytes - lt->active_bytes[k];
         if (held_bytes == 0)
             return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, "
-                            "the working-set floor: no plan fits below it",
-                            cap, k, trace->kernels[k].name, need);
+                            "the working-set floor: no plan fits below it%s",
+                            cap, k, trace->kernels[k].name, need, largest);
         return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, the "
                         "working-set floor: what it accesses and %s held there by tensors with "
-                        "no later use before they are freed; no plan fits below it",
+                        "no later use before they are freed; no plan fits below it%s",
                         cap, k, trace->kernels[k].name, need,
-                        tio_format_bytes(held_bytes, held));
+                        tio_format_bytes(held_bytes, held), largest);
     }
     return 0;
 }

@@ -142,6 +142,40 @@ static void test_free_kernel_extends_memory(void **state)
     assert_int_equal(lt->floor_kernel, 5);
     assert_true(lt->floor_bytes - lt->active_bytes[lt->floor_kernel] == 1048576);
     assert_true(lt->max_active_bytes == 6291456);
+    /* The tensors that make it, the largest first: t1 and t0 accessed by k5,
+     * t2 held after its last use (k4) until its free (k6); 7340032 in all.
+     * (The trace lt analysed had those free kernels.) */
+    t->tensors[3].free_kernel = 5;
+    t->tensors[2].free_kernel = 6;
+    tio_floor_tensor ft[4];
+    uint32_t nf = 0;
+    assert_int_equal(tio_lifetime_floor_tensors(t, lt, ft, 4, &nf), 0);
+    assert_int_equal(nf, 3);
+    static const struct { uint32_t tensor; uint64_t bytes; tio_floor_reason why; } want[3] = {
+        {1, 4194304, TIO_FLOOR_ACCESSED}, {0, 2097152, TIO_FLOOR_ACCESSED},
+        {2, 1048576, TIO_FLOOR_HELD_AFTER_LAST_USE}};
+    uint64_t sum = 0;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ft[i].tensor, want[i].tensor);
+        assert_true(ft[i].bytes == want[i].bytes);
+        assert_int_equal(ft[i].reason, want[i].why);
+        sum += ft[i].bytes;
+    }
+    assert_true(sum == lt->floor_bytes);
+    assert_string_equal(tio_floor_reason_name(TIO_FLOOR_HELD_AFTER_LAST_USE), "held after its last use");
+    /* fewer slots than tensors: the largest, and the count of all */
+    assert_int_equal(tio_lifetime_floor_tensors(t, lt, ft, 1, &nf), 0);
+    assert_int_equal(nf, 3);
+    assert_int_equal(ft[0].tensor, 1);
+    assert_int_equal(tio_lifetime_floor_tensors(t, lt, NULL, 0, &nf), 0);
+    assert_int_equal(nf, 3);
+    assert_int_equal(tio_lifetime_floor_tensors(t, lt, NULL, 2, &nf), -EINVAL);
+    assert_int_equal(tio_lifetime_floor_tensors(t, NULL, ft, 4, &nf), -EINVAL);
+    t->tensors[2].free_kernel = t->tensors[3].free_kernel = 0;  /* plain's trace */
+    assert_int_equal(tio_lifetime_floor_tensors(t, plain, ft, 4, &nf), 0);
+    assert_int_equal(nf, 2);  /* without free kernels k5 holds only what it accesses */
+    t->tensors[3].free_kernel = 5;  /* lt's again, for the planners below */
+    t->tensors[2].free_kernel = 6;
     /* No plan goes below it: a capacity under the floor is refused, one at
      * it fits (both planners, synchronous moves). */
     for (int planner = 0; planner < 2; planner++) {
@@ -153,6 +187,10 @@ static void test_free_kernel_extends_memory(void **state)
         tio_plan *plan;
         assert_int_equal(tio_plan_build(t, lt, &o, &plan), TIO_EINFEASIBLE);
         assert_non_null(strstr(tio_last_error(), "held there by tensors with no later use"));
+        assert_non_null(strstr(tio_last_error(), "no plan fits below it; held: tensor 2 (activation, 1.00 MiB, "
+                                                 "first used by kernel 0 (op)); accessed: tensor 1 "
+                                                 "(optimizer_state, 4.00 MiB, first used by kernel 5 (op)), "
+                                                 "tensor 0 (parameter"));
         o.capacity_bytes = lt->floor_bytes;
         assert_int_equal(tio_plan_build(t, lt, &o, &plan), 0);
         assert_true(plan->fits);

@@ -424,7 +424,8 @@ static void test_plan_infeasible(void **state)
     assert_null(plan);
     assert_string_equal(tio_last_error(),
                         "capacity 1.95 KiB is below kernel 6 (bwd.mm1)'s need of 2.44 KiB, the "
-                        "working-set floor: no plan fits below it");
+                        "working-set floor: no plan fits below it; accessed: A (activation, 1.95 KiB), "
+                        "G (gradient, 500 B) (teraio analyze lists them)");
 }
 
 static void test_plan_bad_options(void **state)

@@ -6,6 +6,8 @@ loops call it (gradients set to None), trained with teraio.torch.offload at
 0.5 and 0.25 of the profiled peak: the losses and parameters equal the same
 training without teraio bit for bit, and the resident bytes stay within the
 capacity at every kernel of every planned step (issue 13 items 1 and 4)."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ import teraio.torch
 transformers = pytest.importorskip("transformers")
 
 STEPS = 5
+REPO = Path(__file__).resolve().parents[2]
 SEQ, BATCH, VOCAB = 32, 4, 256
 
 
@@ -112,3 +115,46 @@ def test_hf_model_offloaded_is_bit_identical_within_capacity(kind, share, plain_
     plan = report["plans"][0]
     assert plan["capacity_bytes"] == int(plan["peak_bytes"] * share)
     assert report["bytes_offloaded"] > 0 and report["bytes_prefetched"] > 0
+
+
+def test_the_floor_names_its_tensors_and_what_holds_them(tmp_path):
+    """Issue 25 item 5: the tensors that make the working-set floor, by name,
+    size and why they stay: GPT-2's floor falls at AdamW's update of the tied
+    embedding, where the embedding's gradient (a gradient made in the step,
+    zero_grad(set_to_none=True)) is held after its last use.  Lifetime lists
+    them (their bytes sum to the floor), `teraio analyze --json` lists them,
+    and a capacity below the floor is refused with them named."""
+    import json
+    import subprocess
+
+    from teraio.core import Lifetime, Plan
+    from teraio.torch import Profiler
+    torch.manual_seed(0)
+    vocab = 4096
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(1))  # logits < the embedding
+    prof = Profiler(model, opt)
+    for _ in range(2):
+        with prof.iteration():
+            hf_step(model, opt, x)
+    path = str(tmp_path / "gpt2.tio")
+    trace = prof.save(path)
+    lt = Lifetime(trace)
+    floor = lt.floor_tensors()
+    assert sum(f["bytes"] for f in floor) == lt.floor_bytes
+    assert trace.kernel_name(lt.floor_kernel).startswith("aten.addcdiv_")
+    by_name = {f["name"]: f for f in floor if f["name"]}
+    emb = vocab * 64 * 4
+    assert by_name["transformer.wte.weight"]["reason"] == "accessed"
+    grad = by_name["transformer.wte.weight.grad"]
+    assert (grad["bytes"], grad["reason"]) == (emb, "held after its last use"), floor
+    out = subprocess.run([str(REPO / "build" / "bin" / "teraio"), "analyze", path, "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    listed = json.loads(out)["floor_tensors"]
+    assert [(f["tensor"], f["name"], f["bytes"], f["reason"]) for f in listed] == \
+        [(f["tensor"], f["name"], f["bytes"], f["reason"]) for f in floor]
+    with pytest.raises(Exception, match=r"held: transformer\.wte\.weight\.grad \(temporary, 1\.00 MiB\)"):
+        Plan.build(trace, lt, lt.floor_bytes - 1, 2.0, 1.5)

@@ -181,6 +181,7 @@ class Profiler:
             self._ids.assign(st)
             self._tensors.append([nbytes, kind, True, name])
         self._ids.n_global = self._ids.next_id
+        hooks = self._name_gradients()
         try:
             with _Recorder(self):
                 yield self
@@ -189,6 +190,8 @@ class Profiler:
              self._signature) = last
             raise
         finally:
+            for h in hooks:
+                h.remove()
             if pager is not None:
                 pager.end_step([t.untyped_storage() for t, _, _ in global_tensors(self.model, self.optimizer)])
         for i in self._saved:
@@ -199,6 +202,30 @@ class Profiler:
         self._last_signature = self._signature
         self.fingerprint = sequence_fingerprint(self._signature)
         self.iterations += 1
+
+    def _name_gradients(self) -> list:
+        """A gradient made in the iteration (``zero_grad(set_to_none=True)``,
+        as Hugging Face loops call it) is an intermediate of the trace; name
+        it after its parameter ("lm_head.weight.grad") when autograd has
+        accumulated it, so that the floor's tensors and the plan say whose it
+        is.  (A post-accumulate-grad hook runs no operator.)"""
+        hooks = []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            def named(param, name=name):
+                g = param.grad
+                if g is None or g.layout != torch.strided:
+                    return
+                i = self._ids.lookup(g.untyped_storage())
+                if i is not None and i >= self._ids.n_global and i < len(self._tensors) \
+                        and self._tensors[i][3] is None:
+                    self._tensors[i][3] = name + ".grad"
+            try:
+                hooks.append(p.register_post_accumulate_grad_hook(named))
+            except (RuntimeError, TypeError, AttributeError):  # a parameter type without the hook
+                pass
+        return hooks
 
     def _died(self, ids: StorageIds, i: int) -> None:
         if ids is self._ids and i >= ids.n_global:
