@@ -27,6 +27,8 @@ from __future__ import annotations
 import ctypes
 import weakref
 
+import torch
+
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
 
 from .. import _lib as L
@@ -40,6 +42,54 @@ from ._ids import FetchGuard, Hook, in_reading
 _MAXES = ("capacity_bytes", "peak_resident_bytes", "peak_tracked_bytes", "over_capacity_bytes_max",
           "peak_process_rss_bytes")
 _PRESENT = ("resident_bytes", "tracked_bytes")
+
+
+_no_new_outputs: dict = {}   # operator -> True when every return aliases an input
+
+
+def _meta(x):
+    """A meta tensor of x's shape, strides and dtype (x itself otherwise)."""
+    if isinstance(x, torch.Tensor):
+        if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
+            raise TypeError("a tensor subclass")  # no meta twin: no estimate
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_meta(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _meta(v) for k, v in x.items()}
+    return x
+
+
+def new_output_bytes(func, args, kwargs) -> int:
+    """The bytes of the new storages operator `func` allocates for its outputs
+    (those its schema does not declare aliases of an input), from its meta
+    kernel run on meta twins of the arguments: what the pager reserves before
+    the kernel runs, so that its outputs do not land on top of the capacity.
+    0 where it cannot tell (no meta kernel, an output whose size depends on
+    the data, a tensor subclass).  Meta kernels move no data and draw no
+    random numbers."""
+    alias_only = _no_new_outputs.get(func)
+    if alias_only is None:
+        try:
+            alias_only = all(r.alias_info is not None for r in func._schema.returns)
+        except AttributeError:
+            alias_only = False
+        _no_new_outputs[func] = alias_only
+    if alias_only:
+        return 0
+    try:
+        out = func(*_meta(args), **_meta(kwargs))
+    except Exception:  # noqa: BLE001 (no meta kernel, a data-dependent shape, ...)
+        return 0
+    returns = func._schema.returns
+    outs = out if isinstance(out, (tuple, list)) and len(returns) > 1 else (out,)
+    total = 0
+    for r, o in zip(returns, outs):
+        if r.alias_info is None:
+            for t in (o if isinstance(o, (tuple, list)) else (o,)):
+                if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                    total += t.untyped_storage().nbytes()
+    return total
 
 
 def add_stats(total: dict | None, stats: dict) -> dict:
@@ -212,6 +262,11 @@ class Pager:
     def make_room(self) -> None:
         """Evict until the capacity holds (what the current kernel uses stays)."""
         L.check(L.tio_pager_reserve(self._p, 0))
+
+    def reserve(self, nbytes: int) -> None:
+        """Evict until the capacity holds `nbytes` more: what the current
+        kernel is about to allocate (what it uses stays)."""
+        L.check(L.tio_pager_reserve(self._p, nbytes))
 
     def nbytes(self, st) -> int:
         """`st`'s bytes, evicted or not."""

@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import READ, WRITE, Trace
 from ._ids import StorageIds, global_tensors, iter_tensors
+from .pager import new_output_bytes
 
 # Operators that are bookkeeping, not kernels.
 SKIP_NAMESPACES = ("profiler.",)
@@ -71,9 +72,11 @@ class _Recorder(TorchDispatchMode):
         pager = p.pager
         collective = name.startswith("c10d.")
         if pager is not None:
-            pager.kernel_begin(p._expected_out_bytes(name))
+            pager.kernel_begin()
             for t in iter_tensors((args, kwargs)):
                 (pager.pin if collective else pager.use)(t.untyped_storage())
+            if not collective:
+                pager.reserve(p._expected_out_bytes(name) or new_output_bytes(func, args, kwargs))
         for t in iter_tensors((args, kwargs)):
             i = p._id_of(t.untyped_storage())
             if i is not None:

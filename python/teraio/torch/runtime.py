@@ -71,7 +71,7 @@ from .. import _lib as L
 from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
 from ._ids import FetchGuard, Hook, StorageIds, global_tensors, in_reading, iter_tensors
-from .pager import Pager, add_stats
+from .pager import Pager, add_stats, new_output_bytes
 from .profiler import kernel_name, sequence_fingerprint
 
 log = logging.getLogger("teraio")
@@ -563,7 +563,7 @@ class OffloadRuntime:
         pager.kernel_begin()
         for t in iter_tensors((args, kwargs)):
             (pager.pin if collective else pager.use)(t.untyped_storage())
-        pager.make_room()
+        pager.reserve(0 if collective else new_output_bytes(func, args, kwargs))
         out = func(*args, **kwargs)
         sizes = []
         for t in iter_tensors(out):
