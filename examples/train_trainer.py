@@ -62,6 +62,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--save-every", type=int, default=10)
+    ap.add_argument("--optim", default="adamw_torch",
+                    help="the Trainer's optimizer (default %(default)s: one kernel per parameter; the "
+                         "Trainer's own default, adamw_torch_fused, updates every parameter in one kernel, "
+                         "which then holds all of them and their states at once: the working-set floor)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints' newest checkpoint")
     ap.add_argument("--offload", type=float, metavar="C", help="offload with teraio at capacity C (0 < C <= 1)")
     a = ap.parse_args(argv)
@@ -88,7 +92,7 @@ def main(argv=None) -> int:
         callbacks.append(OffloadCallback(capacity=a.offload, ssd=ssd))
     args = TrainingArguments(output_dir=str(out / "checkpoints"), max_steps=a.steps,
                              per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=a.batch_size,
-                             gradient_accumulation_steps=a.accumulate, learning_rate=1e-3,
+                             gradient_accumulation_steps=a.accumulate, learning_rate=1e-3, optim=a.optim,
                              eval_strategy="steps", eval_steps=a.eval_every, save_steps=a.save_every,
                              logging_steps=1, report_to=[], use_cpu=True, seed=0, dataloader_num_workers=0,
                              disable_tqdm=True, log_level="warning",

@@ -89,8 +89,18 @@ static void floor_tensors_text(const tio_trace *trace, const tio_lifetime *lt, c
         uint32_t shown = 0, count = 0;
         for (uint32_t i = 0; i < n; i++)
             count += (all[i].reason == TIO_FLOOR_ACCESSED) == (pass == 1);
+        uint64_t group_bytes = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if ((all[i].reason == TIO_FLOOR_ACCESSED) == (pass == 1))
+                group_bytes += all[i].bytes;
         if (count == 0 || at >= size)
             continue;
+        if (pass == 0 && group_bytes * 100 < lt->floor_bytes) { /* under 1%: a count, not names */
+            char b[32];
+            at += (size_t)snprintf(buf + at, size - at, "; held: %u tensor%s, %s", count, count > 1 ? "s" : "",
+                                   tio_format_bytes(group_bytes, b));
+            continue;
+        }
         at += (size_t)snprintf(buf + at, size - at, pass ? "; accessed: " : "; held: ");
         for (uint32_t i = 0; i < n && shown < 3; i++)
             if ((all[i].reason == TIO_FLOOR_ACCESSED) == (pass == 1))

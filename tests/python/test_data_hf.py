@@ -114,6 +114,33 @@ def test_train_hf_example_offloaded_has_the_plain_losses(tmp_path):
     assert "2 profiled and 2 planned steps" in runs["teraio"] and ", 0 kernels over" in runs["teraio"]
 
 
+def test_train_trainer_example_offloaded_has_the_plain_losses(tmp_path):
+    """examples/train_trainer.py: the Trainer over the loader (accumulation 2, an evaluation
+    and a checkpoint every 2 steps), alone and with teraio's callback configured from the
+    environment (TERAIO_CAPACITY, TERAIO_SSD): the same log lines, bit for bit."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import os
+    (tmp_path / "ssd").mkdir()
+    base = dict(os.environ, OMP_NUM_THREADS="1")
+    base.pop("TERAIO_CAPACITY", None)
+    runs = {}
+    for name, env in (("plain", base),
+                      ("teraio", dict(base, TERAIO_CAPACITY="0.6", TERAIO_SSD=str(tmp_path / "ssd")))):
+        r = subprocess.run([sys.executable, str(REPO / "examples" / "train_trainer.py"), "--out",
+                            str(tmp_path / name), "--steps", "4",
+                            "--seq-len", "64", "--eval-every", "2", "--save-every", "2"],
+                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[name] = r.stdout
+    logs = {k: [json.loads(line) for line in v.splitlines() if line.startswith("{\"")] for k, v in runs.items()}
+    assert [x["step"] for x in logs["plain"] if "loss" in x] == [1, 2, 3, 4]
+    assert [x["step"] for x in logs["plain"] if "eval_loss" in x] == [2, 4]
+    assert logs["teraio"] == logs["plain"]
+    assert "2 profiled and" in runs["teraio"] and ", 0 kernels over" in runs["teraio"], runs["teraio"]
+    assert (tmp_path / "teraio" / "checkpoints" / "checkpoint-4").is_dir()
+
+
 def test_a_bad_tokenizer_json_is_named_by_its_path(root, tmp_path):
     """Its errors said '<memory>' (the loader parsed the file's text without its name)."""
     tj = tmp_path / "tokenizer.json"

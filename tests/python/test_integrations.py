@@ -74,7 +74,7 @@ def train(out, callbacks, resume=None):
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=BATCH, gradient_accumulation_steps=2,
                              max_steps=STEPS, eval_strategy="steps", eval_steps=2, save_steps=SAVE_AT,
                              logging_steps=1, report_to=[], use_cpu=True, seed=0, dataloader_num_workers=0,
-                             learning_rate=1e-3, disable_tqdm=True)
+                             learning_rate=1e-3, disable_tqdm=True, optim="adamw_torch")
     trainer = Trainer(model=gpt2(), args=args, train_dataset=Tokens(64, 1), eval_dataset=Tokens(8, 2),
                       callbacks=callbacks)
     trainer.train(resume_from_checkpoint=resume)
@@ -206,6 +206,11 @@ def test_accelerate_offload_refuses_other_engines(tmp_path):
     class Fake:
         class distributed_type:
             name = "DEEPSPEED"
+
+        def accumulate(self, *models):
+            raise AssertionError("not reached")
+
+        unwrap_model = accumulate
     with pytest.raises(ValueError, match="Accelerate runs DEEPSPEED"):
         teraio.torch.accelerate.offload(Fake(), gpt2(), None, capacity=0.5, ssd=str(tmp_path))
     from accelerate import Accelerator
@@ -222,3 +227,84 @@ def test_bytes_and_shares_parse_as_offload_takes_them():
     for bad in ("0", "0.0", "-1", "1e9", "5 apples", ""):
         with pytest.raises(ValueError, match="TERAIO_CAPACITY="):
             _config.parse_capacity(bad)
+
+
+def test_accumulate_misuse_is_named_and_never_hides_the_error(tmp_path):
+    """Breaker findings: a nested accumulate(), and close() inside the block
+    (with or without an exception), gave AttributeError and hid the user's."""
+    from accelerate import Accelerator
+
+    import teraio.torch.accelerate
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=1)
+    model = gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    x = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    off = teraio.torch.accelerate.offload(acc, model, opt, capacity=0.8, ssd=str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"accumulate\(\) is already running"):
+        with off.accumulate(model):
+            with off.accumulate(model):
+                pass
+    with pytest.raises(KeyError, match="mine"):
+        with off.accumulate(model):
+            acc.backward(model(input_ids=x, labels=x).loss)
+            off.close()
+            raise KeyError("mine")
+    with pytest.raises(RuntimeError, match="closed; make a new one"):
+        with off.accumulate(model):
+            pass
+    with pytest.raises(TypeError, match="accelerator must be an accelerate.Accelerator"):
+        teraio.torch.accelerate.offload(None, model, opt, capacity=0.5, ssd=str(tmp_path))
+    with pytest.raises(TypeError, match="model must be the torch.nn.Module"):
+        teraio.torch.accelerate.offload(acc, "model", opt, capacity=0.5, ssd=str(tmp_path))
+
+
+def test_callback_close_from_another_thread_keeps_the_session(tmp_path):
+    import threading
+
+    from teraio.torch.trainer import OffloadCallback
+    cb = OffloadCallback(capacity=0.8, ssd=str(tmp_path))
+    model = gpt2()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cb.on_train_begin(None, None, None, model=model, optimizer=opt)
+    cb.on_step_begin(None, None, None)   # a step the Trainer never ended
+    errors = []
+
+    def close():
+        try:
+            cb.close()
+        except RuntimeError as e:
+            errors.append(str(e))
+    t = threading.Thread(target=close)
+    t.start()
+    t.join()
+    assert errors and "another thread" in errors[0]
+    assert cb.session is not None and cb._step is not None
+    cb.close()
+    assert cb.session is None and cb.report["steps"] == 0
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    assert not _get_current_dispatch_mode_stack()
+
+
+def test_the_environment_is_read_exactly(monkeypatch):
+    from teraio.torch.trainer import OffloadCallback
+    for v in ("TERAIO_CAPACITY", "TERAIO_SSD", "TERAIO_HOST_CAP_BYTES", "TIO_CAPACITY", "TIO_SSD"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("TIO_SSD", "/x")
+    monkeypatch.setenv("TIO_CAPACITY", "half")  # the old prefix: named as it was set
+    with pytest.raises(ValueError, match="TIO_CAPACITY='half' is neither"):
+        OffloadCallback()
+    monkeypatch.delenv("TIO_CAPACITY")
+    for bad, says in (("\u0661\u0662\u0663", "is neither"), ("1.0000000000000000001", r"must be in \(0, 1\]"),
+                      ("18446744073709551616", "< 2\\^64"), ("0.0001KB", "not a whole number")):
+        monkeypatch.setenv("TERAIO_CAPACITY", bad)
+        with pytest.raises(ValueError, match=says):
+            OffloadCallback()
+    monkeypatch.setenv("TERAIO_CAPACITY", "0.5KiB")
+    monkeypatch.setenv("TERAIO_HOST_CAP_BYTES", "0")  # no host tier, as in code
+    cb = OffloadCallback()
+    assert (cb.capacity, cb.options) == (512, {"host_cap_bytes": 0})
+    with pytest.raises(ValueError, match="OffloadCallback: capacity as a share of the peak must be in"):
+        OffloadCallback(capacity=5.0)
+    with pytest.raises(TypeError, match="OffloadCallback: ssd must be a directory"):
+        OffloadCallback(ssd=5)

@@ -22,41 +22,58 @@ from __future__ import annotations
 
 import os
 import re
+from decimal import Decimal
 
-from .._args import env
+from .session import check_capacity, ssd_dirs
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# ASCII digits only (re's \d takes any script's)
+_BYTES = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", re.ASCII)
+_SHARE = re.compile(r"\s*([0-9]*\.[0-9]+|[0-9]+\.)\s*", re.ASCII)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def parse_bytes(name: str, text: str) -> int:
-    """``text`` as bytes ("123", "12GiB", "1.5GB"); ValueError naming `name`."""
-    m = _BYTES.match(text)
-    unit = m and _UNITS.get(m.group(2).lower())
+def _var(suffix: str) -> tuple[str, str] | None:
+    """(the variable's name, its value) for TERAIO_<suffix>, else the old
+    TIO_<suffix>; None when neither is set (an empty value counts as unset)."""
+    for prefix in ("TERAIO_", "TIO_"):
+        v = os.environ.get(prefix + suffix)
+        if v:
+            return prefix + suffix, v
+    return None
+
+
+def parse_bytes(name: str, text: str, zero: bool = False) -> int:
+    """``text`` as bytes ("123", "12GiB", "1.5GB"), exactly; ValueError naming
+    `name`.  0 is refused unless `zero`."""
+    m = _BYTES.fullmatch(text)
+    unit = _UNITS.get(m.group(2).lower()) if m else None
     if not m or unit is None or ("." in m.group(1) and unit == 1):
         raise ValueError(f"{name}={text!r} is not bytes (an integer, or a number with a unit: "
                          f"B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    n = int(float(m.group(1)) * unit) if "." in m.group(1) else int(m.group(1)) * unit
-    if not 0 < n < 2**64:
-        raise ValueError(f"{name}={text!r} must be > 0 bytes and < 2^64")
+    exact = Decimal(m.group(1)) * unit
+    if exact != int(exact):
+        raise ValueError(f"{name}={text!r} is not a whole number of bytes")
+    n = int(exact)
+    if not (0 if zero else 1) <= n < 2**64:
+        raise ValueError(f"{name}={text!r} must be {'>= 0' if zero else '> 0'} bytes and < 2^64")
     return n
 
 
-def parse_capacity(text: str) -> int | float:
-    """TERAIO_CAPACITY: a share of the peak (a number with a point, in (0, 1]),
-    else bytes (an integer, or a number with a unit), as offload()'s float and int."""
-    if re.fullmatch(r"\s*\d*\.\d+\s*|\s*\d+\.\s*", text):
-        share = float(text)
-        if not 0 < share <= 1:
-            raise ValueError(f"TERAIO_CAPACITY={text!r}: a share of the peak must be in (0, 1]")
-        return share
-    try:
-        return parse_bytes("TERAIO_CAPACITY", text)
-    except ValueError:
-        raise ValueError(f"TERAIO_CAPACITY={text!r} is neither a share of the peak (a number in (0, 1] "
-                         f"such as 0.5) nor bytes (an integer, or a number with a unit such as 12GiB)") from None
+def parse_capacity(text: str, name: str = "TERAIO_CAPACITY") -> int | float:
+    """A share of the peak (a number with a point, in (0, 1]), else bytes (an
+    integer, or a number with a unit), as offload()'s float and int."""
+    m = _SHARE.fullmatch(text)
+    if m:
+        exact = Decimal(m.group(1))
+        if not 0 < exact <= 1:
+            raise ValueError(f"{name}={text!r}: a share of the peak must be in (0, 1]")
+        return float(exact)
+    if not _BYTES.fullmatch(text):
+        raise ValueError(f"{name}={text!r} is neither a share of the peak (a number in (0, 1] such as 0.5) "
+                         f"nor bytes (an integer, or a number with a unit such as 12GiB)")
+    return parse_bytes(name, text)
 
 
 def parse_flag(name: str, text: str) -> bool:
@@ -70,27 +87,34 @@ def parse_flag(name: str, text: str) -> bool:
 
 def resolve(capacity=None, ssd=None, compile=None, options: dict | None = None, *, who: str):
     """(capacity, ssd, compile, options) with the environment filling what
-    the caller left None.  `who` names the integration in the error when no
-    SSD directory is given either way."""
+    the caller left None, checked now (capacity, ssd's form; offload()
+    checks the rest).  `who` names the integration in the errors."""
     options = dict(options or {})
     if capacity is None:
-        text = env("CAPACITY")
-        capacity = parse_capacity(text) if text is not None else 0.5
+        var = _var("CAPACITY")
+        capacity = parse_capacity(var[1], var[0]) if var else 0.5
     if ssd is None:
-        text = env("SSD")
-        if text is None:
+        var = _var("SSD")
+        if var is None:
             raise ValueError(f"{who}: no SSD directory: pass ssd=... or set TERAIO_SSD "
                              f"(directories separated by '{os.pathsep}')")
-        ssd = [d for d in text.split(os.pathsep) if d]
+        ssd = [d for d in var[1].split(os.pathsep) if d]
         if not ssd:
-            raise ValueError(f"TERAIO_SSD={text!r} names no directory")
+            raise ValueError(f"{var[0]}={var[1]!r} names no directory")
     if compile is None:
-        text = env("COMPILE")
-        compile = parse_flag("TERAIO_COMPILE", text) if text is not None else False
+        var = _var("COMPILE")
+        compile = parse_flag(var[0], var[1]) if var else False
+    elif not isinstance(compile, bool):
+        raise TypeError(f"{who}: compile must be True or False, got {compile!r}")
     if "host_cap_bytes" not in options:
-        text = env("HOST_CAP_BYTES")
-        if text is not None:
-            options["host_cap_bytes"] = parse_bytes("TERAIO_HOST_CAP_BYTES", text)
+        var = _var("HOST_CAP_BYTES")
+        if var:
+            options["host_cap_bytes"] = parse_bytes(var[0], var[1], zero=True)
+    try:
+        check_capacity(capacity)
+        ssd_dirs(ssd)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{who}: {e}") from None
     return capacity, ssd, compile, options
 
 

@@ -49,38 +49,50 @@ class AcceleratedOffload:
         self.accelerator = accelerator
         self.session = session
         self._step = None
+        self._in_block = False
 
     def __getattr__(self, name):
-        if name in ("session", "accelerator", "_step"):
+        if name in ("session", "accelerator", "_step", "_in_block"):
             raise AttributeError(name)
         return getattr(self.session, name)
 
     @contextlib.contextmanager
     def accumulate(self, *models):
         """``accelerator.accumulate(*models)`` inside the session's step of
-        this gradient accumulation (module text)."""
+        this gradient accumulation (module text).  Raises RuntimeError when
+        nested in another accumulate() or after close()."""
+        if self._in_block:
+            raise RuntimeError("teraio.torch.accelerate: accumulate() is already running (nested)")
+        self.session._check()
         with self.accelerator.accumulate(*models):
             if self._step is None:
                 step = self.session.step()
                 step.__enter__()
                 self._step = step
+            self._in_block = True
             try:
                 yield self
             except BaseException as e:
-                step, self._step = self._step, None
-                step.__exit__(type(e), e, e.__traceback__)
+                self._in_block = False
+                self._end(type(e), e, e.__traceback__)
                 raise
-        if self.accelerator.sync_gradients:
-            step, self._step = self._step, None
-            step.__exit__(None, None, None)
+            self._in_block = False
+        if self.accelerator.sync_gradients or self.session._closed:
+            self._end(None, None, None)
+
+    def _end(self, *exc) -> None:
+        """End the open step, if close() inside the block has not already."""
+        step, self._step = self._step, None
+        if step is not None and not self.session._closed:
+            step.__exit__(*exc)
 
     def close(self) -> None:
         """End an open accumulation (as failed: its optimizer step never came)
         and close the session."""
+        self.session._check_thread()
         if self._step is not None:
-            step, self._step = self._step, None
             err = RuntimeError("closed inside a gradient accumulation")
-            step.__exit__(RuntimeError, err, None)
+            self._end(RuntimeError, err, None)
         self.session.close()
 
     def __enter__(self):
@@ -99,6 +111,12 @@ def offload(accelerator, model, optimizer, capacity=None, ssd=None, *, compile=N
     from the environment).  Raises ValueError for Accelerate's DeepSpeed, FSDP,
     Megatron-LM and XLA modes and for a model Accelerate compiles (its dynamo
     backend: use ``compile=True`` instead), and offload()'s errors."""
+    if not hasattr(accelerator, "accumulate") or not hasattr(accelerator, "unwrap_model"):
+        raise TypeError(f"teraio.torch.accelerate.offload: accelerator must be an accelerate.Accelerator, "
+                        f"got {type(accelerator).__name__}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"teraio.torch.accelerate.offload: model must be the torch.nn.Module "
+                        f"accelerator.prepare returned, got {type(model).__name__}")
     kind = getattr(getattr(accelerator, "distributed_type", None), "name", None)
     if kind in _REFUSED:
         raise ValueError(f"teraio.torch.accelerate.offload: Accelerate runs {kind}; teraio does not offload "

@@ -30,6 +30,11 @@ A ``train()`` that raises inside a step leaves that step open; the next
 ``train()`` (or :meth:`OffloadCallback.close`) ends it as failed and closes
 the session before it makes a new one.
 
+The Trainer's default optimizer, ``adamw_torch_fused``, updates every
+parameter in one kernel, so that kernel holds the whole model state at
+once and no capacity below it can be planned; ``optim="adamw_torch"``
+updates one parameter per kernel (the callback warns).
+
 Not covered: DeepSpeed or FSDP under the Trainer (their engines own the
 parameters; refused), ``torch_compile=True`` in TrainingArguments (use
 ``compile=True`` here instead, which compiles with teraio's backend).
@@ -65,7 +70,7 @@ class OffloadCallback(TrainerCallback):
 
     # -- the Trainer's hooks ---------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        self.close()
+        self.close()  # the last train()'s session, if it raised before on_train_end
         if model is None or optimizer is None:
             raise RuntimeError("teraio.torch.trainer.OffloadCallback: the Trainer gave no model or optimizer "
                                "at on_train_begin")
@@ -77,6 +82,11 @@ class OffloadCallback(TrainerCallback):
             raise ValueError("teraio.torch.trainer.OffloadCallback: TrainingArguments.torch_compile is set (or "
                              "ACCELERATE_DYNAMO_BACKEND): an eager session cannot see inside Inductor's kernels; "
                              "pass compile=True to the callback (or TERAIO_COMPILE=1) instead")
+        optim = str(getattr(getattr(args, "optim", None), "value", getattr(args, "optim", "")))
+        if "fused" in optim:
+            log.warning("teraio: TrainingArguments(optim=%r) updates every parameter in one kernel, which "
+                        "then holds all of them, their gradients and their states at once (the working-set "
+                        "floor); optim='adamw_torch' updates one parameter per kernel", optim)
         self.report = None
         self.session = offload(model, _inner_optimizer(optimizer), self.capacity, self.ssd,
                                compile=self.compile, **self.options)
@@ -103,16 +113,17 @@ class OffloadCallback(TrainerCallback):
         report (idempotent)."""
         if self.session is None:
             return
+        self.session._check_thread()  # before anything is touched: the session stays usable
         try:
             if self._step is not None:
                 self._end_step(failed=True)
             self.report = self.session.report()
             log.info("teraio: %s", {k: self.report[k] for k in
-                                    ("mode", "iterations", "planned_iterations", "bytes_offloaded",
+                                    ("mode", "steps", "planned_iterations", "bytes_offloaded",
                                      "peak_resident_bytes") if k in self.report})
         finally:
-            session, self.session = self.session, None
-            session.close()
+            self.session.close()
+            self.session = None
 
     def _end_step(self, failed: bool) -> None:
         step, self._step = self._step, None
