@@ -13,7 +13,11 @@ gradient accumulation (``--accumulate``), an evaluation every
 callback, ``teraio.torch.trainer.OffloadCallback``: with ``--offload C``,
 or with ``TERAIO_CAPACITY`` set (then ``TERAIO_SSD`` names the SSD
 directories; without it OUT/ssd).  Prints the Trainer's log lines as JSON
-(losses as exact floats) and, offloaded, what moved.
+(losses as exact floats) and, offloaded, what moved.  A step whose batches
+pack documents differently can run other operators (transformers builds
+the attention mask from ``position_ids``): it leaves its plan and goes on
+under the pager, within the capacity, and the report counts it as
+diverged.
 """
 from __future__ import annotations
 
