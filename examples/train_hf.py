@@ -46,6 +46,28 @@ def write_corpus(root: Path, n_modules: int = 60) -> None:
                 f.write(json.dumps({"text": doc.strip()}) + "\n")
 
 
+def gpt2(seq_len: int):
+    """The examples' model: transformers' GPT-2 from a small configuration (4 layers,
+    width 256, GPT-2's vocabulary), with a fixed initialisation."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=seq_len))
+
+
+def corpus(out: Path, data: str | None) -> Path:
+    """The dataset root: `data`, or OUT/corpus, written when absent."""
+    root = Path(data) if data else out / "corpus"
+    if not data and not root.exists():
+        write_corpus(root)
+    return root
+
+
+def stream(root: Path, seq_len: int, seed: int = 0) -> StreamingDataset:
+    """The examples' loader: r50k_base on the fly, labels for a Hugging Face model."""
+    return StreamingDataset(root, seq_len=seq_len, tokenizer="r50k_base", labels="hf", seed=seed,
+                            logical_shards=8)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="build/train-hf", help="corpus and SSD files (default %(default)s)")
@@ -55,15 +77,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--offload", type=float, metavar="C", help="offload with teraio at capacity C (0 < C <= 1)")
     a = ap.parse_args(argv)
-    from transformers import GPT2Config, GPT2LMHeadModel
     out = Path(a.out)
-    data = Path(a.data) if a.data else out / "corpus"
-    if not a.data and not data.exists():
-        write_corpus(data)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=a.seq_len))
+    model = gpt2(a.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ds = StreamingDataset(data, seq_len=a.seq_len, tokenizer="r50k_base", labels="hf", seed=0, logical_shards=8)
+    ds = stream(corpus(out, a.data), a.seq_len)
     loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, collate_fn=collate)
     off = None
     if a.offload is not None:

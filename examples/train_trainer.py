@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from teraio.data import StreamingDataset, collate
+from teraio.data import collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_hf import write_corpus  # noqa: E402  (the same corpus)
+from train_hf import corpus, gpt2, stream  # noqa: E402  (the same model, corpus and loader)
 
 
 def hf_batch(samples):
@@ -73,17 +73,12 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints' newest checkpoint")
     ap.add_argument("--offload", type=float, metavar="C", help="offload with teraio at capacity C (0 < C <= 1)")
     a = ap.parse_args(argv)
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
     out = Path(a.out)
-    data = Path(a.data) if a.data else out / "corpus"
-    if not a.data and not data.exists():
-        write_corpus(data)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=a.seq_len))
-    train = StreamingDataset(data, seq_len=a.seq_len, tokenizer="r50k_base", labels="hf", seed=0,
-                             logical_shards=8)
-    held = StreamingDataset(data, seq_len=a.seq_len, tokenizer="r50k_base", labels="hf", seed=1,
-                            logical_shards=8)
+    data = corpus(out, a.data)
+    model = gpt2(a.seq_len)
+    train = stream(data, a.seq_len)
+    held = stream(data, a.seq_len, seed=1)
     evals = Held(held, 2 * a.batch_size)
     held.close()
     callbacks = []
