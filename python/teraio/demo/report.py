@@ -77,10 +77,17 @@ def report_limit(limited: dict | None) -> bool:
         say(f"  memory limit                    {limited['skipped']}")
         return True
     lim = limited["limit_bytes"]
-    say(f"  memory limit (cgroup v{limited['cgroup_version']})        {mib(lim)}: halfway between run A's peak "
-        f"{mib(limited['peak_a_bytes'])} and what run B needs, {mib(limited['need_b_bytes'])}")
-    say(f"    without teraio                {'killed by the kernel (over the limit)' if limited['a_killed'] else 'not killed'}"
-        f", peak {mib(limited['peak_a_limited_bytes'])}")
+    if "a_survived_halfway_bytes" in limited and lim == limited["need_b_bytes"]:
+        say(f"  memory limit (cgroup v{limited['cgroup_version']})        {mib(lim)}: what run B needs (run A lived "
+            f"through {mib(limited['a_survived_halfway_bytes'])}, halfway between its peak "
+            f"{mib(limited['peak_a_bytes'])} and that, by giving up page cache and library pages)")
+    else:
+        say(f"  memory limit (cgroup v{limited['cgroup_version']})        {mib(lim)}: halfway between run A's peak "
+            f"{mib(limited['peak_a_bytes'])} and what run B needs, {mib(limited['need_b_bytes'])}")
+    a_says = ("killed by the kernel (over the limit)" if limited["a_killed"] else
+              "NOT killed: the kernel reclaimed page cache and library pages instead, so this limit does not "
+              "show the point (a larger model would)")
+    say(f"    without teraio                {a_says}, peak {mib(limited['peak_a_limited_bytes'])}")
     if limited["b_trained"]:
         say(f"    with teraio                   trained, peak {mib(limited['peak_b_limited_bytes'])}, losses "
             f"identical {limited['b_losses_identical']}, kernels over the capacity "

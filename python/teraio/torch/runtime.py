@@ -115,8 +115,10 @@ def _yield_gil() -> None:
 
 
 def _log(ctx, level, msg):
+    """libteraio's log lines on the "teraio" logger, said as teraio's (Python's
+    last-resort handler prints a warning without the logger's name)."""
     text = msg.decode(errors="replace")
-    log.log({0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING}.get(level, logging.ERROR), "%s", text)
+    log.log({0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING}.get(level, logging.ERROR), "teraio: %s", text)
 
 
 _log_cb = L.LOG_FN(L.callback(_log, None))
