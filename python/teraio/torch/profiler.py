@@ -217,13 +217,11 @@ class Profiler:
             if not p.requires_grad:
                 continue
             def named(param, name=name):
-                g = param.grad
-                if g is None or g.layout != torch.strided:
-                    return
-                i = self._ids.lookup(g.untyped_storage())
-                if i is not None and i >= self._ids.n_global and i < len(self._tensors) \
-                        and self._tensors[i][3] is None:
-                    self._tensors[i][3] = name + ".grad"
+                for g in iter_tensors(param.grad):   # a DTensor's local shard; nothing for None
+                    i = self._ids.lookup(g.untyped_storage())
+                    if i is not None and self._ids.n_global <= i < len(self._tensors) \
+                            and self._tensors[i][3] is None:
+                        self._tensors[i][3] = name + ".grad"
             try:
                 hooks.append(p.register_post_accumulate_grad_hook(named))
             except (RuntimeError, TypeError, AttributeError):  # a parameter type without the hook
