@@ -60,7 +60,43 @@ def _meta(x):
     return x
 
 
+_out_bytes_cache: dict = {}   # (operator, the arguments' shapes, strides, dtypes and values) -> bytes
+_CACHE_MAX = 8192
+
+
+def _key(x):
+    """A hashable stand-in for an argument: a tensor's shape, strides and
+    dtype (what a meta kernel's outputs depend on), a scalar itself."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.stride(), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_key(y) for y in x)
+    if isinstance(x, dict):
+        return tuple((k, _key(v)) for k, v in x.items())
+    if x is None or isinstance(x, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                   torch.memory_format)):
+        return x
+    raise TypeError("no key")
+
+
 def new_output_bytes(func, args, kwargs) -> int:
+    """:func:`meta_output_bytes`, remembered per operator and argument
+    shapes (a meta kernel costs up to a millisecond; a step repeats its
+    shapes layer after layer)."""
+    try:
+        key = (func, _key(args), _key(kwargs))
+    except TypeError:
+        return meta_output_bytes(func, args, kwargs)
+    n = _out_bytes_cache.get(key)
+    if n is None:
+        n = meta_output_bytes(func, args, kwargs)
+        if len(_out_bytes_cache) >= _CACHE_MAX:
+            _out_bytes_cache.clear()
+        _out_bytes_cache[key] = n
+    return n
+
+
+def meta_output_bytes(func, args, kwargs) -> int:
     """The bytes of the new storages operator `func` allocates for its outputs
     (those its schema does not declare aliases of an input), from its meta
     kernel run on meta twins of the arguments: what the pager reserves before
