@@ -295,10 +295,6 @@ class Pager:
         self._pinned.add(s.value)
         L.check(rc)
 
-    def make_room(self) -> None:
-        """Evict until the capacity holds (what the current kernel uses stays)."""
-        L.check(L.tio_pager_reserve(self._p, 0))
-
     def reserve(self, nbytes: int) -> None:
         """Evict until the capacity holds `nbytes` more: what the current
         kernel is about to allocate (what it uses stays)."""
