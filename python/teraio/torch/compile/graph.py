@@ -1,9 +1,10 @@
 """One graph AOTAutograd produced, as teraio's kernels and tensors.
 
 A compiled region (one Dynamo graph) gives AOTAutograd's forward and
-backward graphs, or one inference graph.  teraio sees each of them before
-Inductor does (teraio.torch.compile wraps Inductor's inner compiler) and
-reads it as a piece of a trace:
+backward graphs, or one inference graph.  teraio reads each of them as
+Inductor's post-grad passes leave it (teraio.torch.compile.passes: the
+pattern matcher's rewrites done, before Inductor lowers the graph to its
+kernels) as a piece of a trace:
 
 * kernel j is the graph's j-th ``call_function`` node (views and ``getitem``
   included, so node positions and kernel indices agree); its name is the
@@ -17,8 +18,11 @@ reads it as a piece of a trace:
   (written); a pure view reads nothing (its readers access the storage).
 
 The same node sequence is what the plan's kernel indices refer to, and
-:meth:`GraphInfo.with_ops` puts the ``teraio::kernel_begin`` calls in front
-of the planned nodes of a copy of it, which Inductor then compiles.
+:meth:`GraphInfo.insert_ops` puts the ``teraio::kernel_begin`` calls in
+front of the planned nodes at that same point of Inductor's compilation, so
+the calls stand between the operators Inductor lowers and change none of
+its rewrites (a call before the rewrites would be a mutation the pattern
+matcher does not match across).
 """
 from __future__ import annotations
 
@@ -84,9 +88,11 @@ def _nodes_in(value) -> list:
 class GraphInfo:
     """A graph AOTAutograd produced, read as kernels and local storages.
 
-    ``kind``: "forward", "backward" or "inference".  ``gm`` is a copy taken
-    before Inductor compiled it (Inductor's passes change their graph).  The
-    analysis fields:
+    ``kind``: "forward", "backward" or "inference".  ``gm`` is the graph as
+    Inductor's post-grad passes hand it to their custom post pass (a copy,
+    its metadata propagated again); ``source``, if given, the graph as
+    AOTAutograd handed it to Inductor, which Inductor compiles again with
+    the calls (compile.passes.compile_with_ops).  The analysis fields:
 
       names[j]        kernel j's name
       accesses[j]     [(local storage, READ/WRITE bits)] of kernel j
@@ -100,8 +106,8 @@ class GraphInfo:
       unplannable     why teraio cannot plan this graph (None: it can)
     """
 
-    def __init__(self, gid: int, gm: fx.GraphModule, kind: str):
-        self.gid, self.gm, self.kind = gid, gm, kind
+    def __init__(self, gid: int, gm: fx.GraphModule, kind: str, source: fx.GraphModule | None = None):
+        self.gid, self.gm, self.kind, self.source = gid, gm, kind, source
         self.unplannable: str | None = None
         g = gm.graph
         self.placeholders = [n for n in g.nodes if n.op == "placeholder"]
@@ -129,6 +135,12 @@ class GraphInfo:
         self.written_inputs = sorted({s for acc in self.accesses for s, m in acc
                                       if m & WRITE and s < self.n_inputs})
         self.key = self._fingerprint()
+        self._vals = {n.name: n.meta.get("val") for n in g.nodes}
+        try:
+            self._fake_mode = torch._guards.detect_fake_mode(
+                [v for v in self._vals.values() if isinstance(v, torch.Tensor)])
+        except AssertionError:  # values of several fake modes
+            self._fake_mode = None
 
     @staticmethod
     def _symbolic(val: torch.Tensor) -> bool:
@@ -223,15 +235,27 @@ class GraphInfo:
         kernel j of `ops` (kernel -> the local storages its call moves and
         those it only reads), chained by their tokens in kernel order."""
         gm = copy.deepcopy(self.gm)
-        g = gm.graph
+        self.insert_ops(gm.graph, ops)
+        gm.recompile()
+        return gm
+
+    def insert_ops(self, g: fx.Graph, ops: dict[int, tuple[list[int], list[int]]]) -> None:
+        """Put the calls of `ops` into `g`, a graph whose nodes are this
+        graph's by name: a copy of it, or the graph Inductor is compiling,
+        at the point its post-grad passes hand it to their custom post pass
+        (``compile_with_ops``).  Raises ValueError if `g`'s kernels are not
+        this graph's."""
         for n in g.nodes:
-            # Regions between mutations that AOTAutograd's joint-graph passes
-            # recorded before the calls existed: stale, Inductor's FX
-            # reordering (reorder_for_locality) would move a reader past a
-            # call.  Without them Inductor counts the calls as mutations.
+            # Regions between mutations that the pattern matcher recorded
+            # before the calls existed: stale once they do.
             n.meta.pop("mutation_region_id", None)
         by_name = {n.name: n for n in g.nodes}
-        kernels = [by_name[n.name] for n in self.kernel_nodes]
+        kernels = [by_name.get(n.name) for n in self.kernel_nodes]
+        live = [n for n in g.nodes if n.op == "call_function"]
+        if len(live) != len(kernels) or any(k is not n or k.target is not m.target
+                                            for k, n, m in zip(kernels, live, self.kernel_nodes)):
+            raise ValueError(f"graph {self.key} ({self.kind}): the graph Inductor compiles is not the "
+                             f"one teraio profiled ({len(live)} kernels, {len(kernels)} profiled)")
         items: dict[int, fx.Node] = {}
 
         def holder(s: int) -> fx.Node:
@@ -246,20 +270,17 @@ class GraphInfo:
                 src, i = self._item[s]
                 with g.inserting_after(by_name[src]):
                     items[s] = g.call_function(operator.getitem, (by_name[src], i))
-                items[s].meta["val"] = by_name[src].meta["val"][i]
+                items[s].meta["val"] = self._vals[src][i]
             return items[s]
 
-        fake_mode = torch._guards.detect_fake_mode(
-            [n.meta.get("val") for n in g.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
         token = None
         for j in sorted(ops):
             moved, read = ([holder(s) for s in ss] for ss in ops[j])
             with g.inserting_before(kernels[j]):
                 token = g.call_function(kernel_begin, (moved, read, token, self.gid, j))
             first = (moved + read)[:1]
-            dev = first[0].meta["val"].device if first else torch.device("cpu")
-            with fake_mode or torch._subclasses.FakeTensorMode():
+            dev = self._vals[first[0].name].device if first and first[0].name in self._vals else \
+                first[0].meta["val"].device if first else torch.device("cpu")
+            with self._fake_mode or torch._subclasses.FakeTensorMode():
                 token.meta["val"] = torch.empty(0, device=dev)
         g.lint()
-        gm.recompile()
-        return gm

@@ -81,7 +81,7 @@ from ...core import Lifetime, Trace
 from .._ids import FetchGuard
 from ..runtime import OffloadRuntime
 from ..session import NoPlan, Session, Unplannable
-from . import ops
+from . import ops, passes
 from .graph import GraphInfo
 from .plan import StepPlan, with_extra
 from .profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
@@ -195,9 +195,15 @@ class CompiledSession(Session):
 
     def _inner_compile(self, gm, example_inputs, **kwargs):
         kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
-        saved = copy.deepcopy(gm)
+        source = copy.deepcopy(gm)
+        try:
+            post, why = passes.post_grad_graph(copy.deepcopy(gm), example_inputs, kwargs), None
+        except Exception as e:  # the graph runs as Inductor compiles it, unplanned
+            post, why = source, f"Inductor's post-grad passes could not be read: {type(e).__name__}: {e}"
         plain = compile_fx_inner(gm, example_inputs, **kwargs)
-        info = GraphInfo(len(_graphs), saved, kind)
+        info = GraphInfo(len(_graphs), post, kind, source=source)
+        if why is not None and info.unplannable is None:
+            info.unplannable = why
         info.plain = plain
         info.variants = {}
         info.compile_args = (example_inputs, kwargs, torch._guards.TracingContext.try_get(),
@@ -208,23 +214,14 @@ class CompiledSession(Session):
     def _variant(self, info: GraphInfo, entry: StepPlan):
         """The compiled code of `info` under `entry`'s plan: Inductor's own
         where the plan has no call in it, else compiled with the
-        ``kernel_begin`` calls (once per set of calls)."""
+        ``kernel_begin`` calls (once per set of calls; compile.passes)."""
         ops = entry.ops.get(info.key)
         if not ops:
             return info.plain
         key = tuple((j, tuple(mv), tuple(rd)) for j, (mv, rd) in sorted(ops.items()))
         fn = info.variants.get(key)
         if fn is None:
-            example_inputs, kwargs, tctx, cctx = info.compile_args
-            gm = info.with_ops(ops)
-            ctx = torch._guards.tracing(tctx) if tctx is not None else contextlib.nullcontext()
-            cc = torch._guards.compile_context(cctx) if cctx is not None else contextlib.nullcontext()
-            # Inductor's peak-memory reordering moves nodes it has no
-            # dependency for: the calls must stay where the plan put them
-            # (it orders the kernels, it does not change them).
-            with ctx, cc, torch._inductor.config.patch(reorder_for_peak_memory=False):
-                fn = compile_fx_inner(gm, example_inputs, **kwargs)
-            info.variants[key] = fn
+            fn = info.variants[key] = passes.compile_with_ops(info, ops)
         return fn
 
     # -- regions ----------------------------------------------------------------
