@@ -47,7 +47,7 @@ test-tsan: deps
 test-fuzz: deps
 	@CC=clang CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DTIO_FUZZ=ON -DTIO_CUDA=OFF >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
-	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS)
+	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS) $(JOBS)
 
 test-python: build
 	$(PY) -m pytest -q -rs tests/python

@@ -5,6 +5,8 @@ The compiled driver of a session (:class:`CompiledSession`, made by
 
 * ``session`` — the driver: the backend, regions, the calls into the runtime;
 * ``graph`` — one AOTAutograd graph read as kernels and local storages;
+* ``passes`` — where in Inductor's compilation a graph is read and gets its
+  calls (after the post-grad rewrites);
 * ``ops`` — the ``teraio::kernel_begin`` custom operator and its lowering;
 * ``profile`` — the trace of a compiled step;
 * ``plan`` — a plan read as the calls each graph gets (StepPlan);

@@ -23,7 +23,9 @@ backend=off.backend)``) take part too.  Then:
    by a forward graph for a backward graph): everything else is inside one
    graph or seen by eager code, which is not watched.  Each graph with a
    planned migration is compiled again with ``teraio::kernel_begin`` before
-   the planned nodes (compile.ops); the others keep their code.  The plan is
+   the planned nodes (compile.ops), put in where Inductor's post-grad
+   passes leave the graph, the graph profiled (compile.passes); the others
+   keep their code.  The plan is
    then measured on the code that will run (compile.plan, compile.code) and
    made again where that code holds more than the trace said.
 3. **Run**: every region call checks that it is the graph the plan expects
