@@ -49,8 +49,9 @@ test-fuzz: deps
 	@cmake --build build-fuzz -j $(JOBS)
 	@scripts/fuzz-smoke build-fuzz $(FUZZ_SECONDS) $(JOBS)
 
+# One pytest worker per core (pytest-xdist), the longest tests spread by work stealing.
 test-python: build
-	$(PY) -m pytest -q -rs tests/python
+	$(PY) -m pytest -q -rs -n $(JOBS) --dist worksteal tests/python
 
 # Slow tests (also part of `make test` when TERAIO_SLOW=1).
 test-slow: build

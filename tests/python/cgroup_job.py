@@ -35,7 +35,7 @@ def main():
     ap.add_argument("mode", choices=["plain", "teraio"])
     ap.add_argument("--capacity", type=float, default=0.25)
     ap.add_argument("--ssd")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--globals", action="store_true")
     ap.add_argument("--ddp", action="store_true")
     a = ap.parse_args()

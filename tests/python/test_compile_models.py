@@ -57,11 +57,11 @@ def loss_of(kind, model, x):
     return model(input_ids=x, labels=x).loss
 
 
-def train(kind, attn, off_kw=None, session_cls=None):
+def train(kind, attn, off_kw=None, session_cls=None, steps=STEPS):
     torch._dynamo.reset()
     model, opt = build(kind, attn)
     g = torch.Generator().manual_seed(1)
-    xs = [torch.randint(0, 256, (4, 64), generator=g) for _ in range(STEPS)]
+    xs = [torch.randint(0, 256, (4, 64), generator=g) for _ in range(steps)]
     off = None
     if off_kw is None:
         model.compile()
@@ -147,7 +147,8 @@ def test_a_call_at_every_kernel_boundary_lints_and_computes_the_same(kind):
     intermediate that Inductor fuses away makes it a buffer and changes the
     code: 34 of Llama's 64 forward outputs then differed in the last bits;
     plans never name one.)"""
-    _, off, _ = train(kind, "sdpa", dict(capacity=0.5, ssd=tempfile.mkdtemp()), session_cls=_Keep)
+    # the profiled steps are all it needs: their graphs and inputs
+    _, off, _ = train(kind, "sdpa", dict(capacity=0.5, ssd=tempfile.mkdtemp()), session_cls=_Keep, steps=2)
     kept = dict(off.inputs)
     tuples = 0
     assert {info.kind for info, _ in kept.values()} >= {"forward", "backward"}

@@ -26,7 +26,6 @@ matcher does not match across).
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import operator
 
@@ -234,10 +233,10 @@ class GraphInfo:
         """A copy of the graph with ``teraio::kernel_begin`` before each
         kernel j of `ops` (kernel -> the local storages its call moves and
         those it only reads), chained by their tokens in kernel order."""
-        gm = copy.deepcopy(self.gm)
-        self.insert_ops(gm.graph, ops)
-        gm.recompile()
-        return gm
+        g = fx.Graph()
+        g.output(g.graph_copy(self.gm.graph, {}))  # nodes' metadata copied shallowly
+        self.insert_ops(g, ops)
+        return fx.GraphModule(self.gm, g)
 
     def insert_ops(self, g: fx.Graph, ops: dict[int, tuple[list[int], list[int]]]) -> None:
         """Put the calls of `ops` into `g`, a graph whose nodes are this
