@@ -94,7 +94,10 @@ def test_trainer_callback_trains_as_the_trainer_does_and_resumes(tmp_path):
     assert history == plain_history
     assert_same_params(got, plain_params)
     assert cb.session is None and cb.report["mode"] == "eager"
-    assert cb.report["steps"] == STEPS and cb.report["profiled_iterations"] == 2, cb.report
+    # the evaluations after steps 2, 4, 6 and 8 ran as steps of the session, within the capacity
+    assert cb.evaluation_steps == STEPS // 2, cb.evaluation_steps
+    assert cb.report["steps"] == STEPS + cb.evaluation_steps and cb.report["profiled_iterations"] == 2, cb.report
+    assert cb.report["planned_iterations"] + cb.report["diverged_iterations"] == STEPS - 2 + cb.evaluation_steps
     assert_offloaded(cb.report)
     # the checkpoint it saved holds the true parameters: resume from it, under teraio and without
     ck = tmp_path / "teraio" / f"checkpoint-{SAVE_AT}"
@@ -105,7 +108,8 @@ def test_trainer_callback_trains_as_the_trainer_does_and_resumes(tmp_path):
     assert_same_params(resumed, plain_resumed)
     assert_same_params(resumed, plain_params)  # the Trainer's resume is exact here, and so is teraio's
     assert [h for h in resumed_history if h[0] > SAVE_AT] == [h for h in plain_history if h[0] > SAVE_AT]
-    assert cb2.report["steps"] == STEPS - SAVE_AT and cb2.report["planned_iterations"] > 0, cb2.report
+    assert cb2.evaluation_steps == 2    # after steps 6 and 8
+    assert cb2.report["steps"] == STEPS - SAVE_AT + 2 and cb2.report["planned_iterations"] > 0, cb2.report
 
 
 def test_trainer_callback_reads_the_environment(monkeypatch, tmp_path):

@@ -270,6 +270,12 @@ class Session:
         return _Step(self)
 
     @property
+    def profiling(self) -> bool:
+        """True if the next step is profiled (it becomes the trace a plan is
+        made from, so it should be a training step)."""
+        return self._profile_left > 0
+
+    @property
     def runtime(self):
         """The runtime of the plan the next step runs (None while profiling)."""
         return self._rt

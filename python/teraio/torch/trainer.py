@@ -18,10 +18,19 @@ What it does, hook by hook (transformers' Trainer calls them in this order):
   optimizer step: the forward and backward passes of every micro-batch of a
   gradient accumulation, the clipping, ``optimizer.step()``, the scheduler
   and ``zero_grad()``;
-* between steps the Trainer logs, evaluates and saves checkpoints; what they
-  read is fetched for them (the session's guard and ``state_dict()`` hooks),
-  so they see the true values, and the next step puts the tensors back where
-  the plan has them.  Evaluation there runs outside the capacity;
+* an evaluation the Trainer runs during training (``eval_strategy``) is a
+  step of the session too, from ``on_step_end`` (or ``on_epoch_end``), where
+  the Trainer has decided to evaluate, to ``on_evaluate``: it is not the
+  training step's sequence, so it leaves the plan and keeps the capacity on
+  demand (the session's rule for a step that diverges; an evaluation that
+  recurs may get a plan of its own).  An evaluation during the profiled
+  steps runs outside a step (a profiled step is the trace of a training
+  step), and so does ``trainer.evaluate()`` called outside ``train()``;
+  with several evaluation datasets, the first is inside the step;
+* between steps the Trainer logs and saves checkpoints; what they read is
+  fetched for them (the session's guard and ``state_dict()`` hooks), so they
+  see the true values, and the next step puts the tensors back where the
+  plan has them;
 * ``on_train_end``: :meth:`~teraio.torch.session.Session.close` (every tensor
   back in memory, as the Trainer expects after ``train()``); the report is
   kept in :attr:`OffloadCallback.report` and logged at INFO.
@@ -67,6 +76,8 @@ class OffloadCallback(TrainerCallback):
         self.session = None
         self.report: dict | None = None
         self._step = None
+        self._evaluating = False
+        self.evaluation_steps = 0     # evaluations run as steps of the session
 
     # -- the Trainer's hooks ---------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -88,6 +99,7 @@ class OffloadCallback(TrainerCallback):
                         "then holds all of them, their gradients and their states at once (the working-set "
                         "floor); optim='adamw_torch' updates one parameter per kernel", optim)
         self.report = None
+        self.evaluation_steps = 0
         self.session = offload(model, _inner_optimizer(optimizer), self.capacity, self.ssd,
                                compile=self.compile, **self.options)
 
@@ -96,12 +108,18 @@ class OffloadCallback(TrainerCallback):
             return
         if self._step is not None:  # a step whose end the Trainer never reached
             self._end_step(failed=True)
-        step = self.session.step()
-        step.__enter__()
-        self._step = step
+        self._begin_step(evaluation=False)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._step is not None:
+            self._end_step(failed=False)
+        self._maybe_evaluation_step(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._maybe_evaluation_step(control)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self._step is not None and self._evaluating:
             self._end_step(failed=False)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -124,6 +142,20 @@ class OffloadCallback(TrainerCallback):
         finally:
             self.session.close()
             self.session = None
+
+    def _begin_step(self, evaluation: bool) -> None:
+        step = self.session.step()
+        step.__enter__()
+        self._step, self._evaluating = step, evaluation
+        if evaluation:
+            self.evaluation_steps += 1
+
+    def _maybe_evaluation_step(self, control) -> None:
+        """The Trainer evaluates next (DefaultFlowCallback, which runs
+        before this callback, has decided): the evaluation is one step."""
+        if (self.session is not None and self._step is None and getattr(control, "should_evaluate", False)
+                and not self.session.profiling):
+            self._begin_step(evaluation=True)
 
     def _end_step(self, failed: bool) -> None:
         step, self._step = self._step, None
