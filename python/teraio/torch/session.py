@@ -34,9 +34,12 @@ A driver (a subclass) supplies only how a step is profiled, planned and run:
 ``_run_begin``/``_run_end`` and, for a step that runs with neither,
 ``_plain_begin``/``_plain_end``.
 
-Limits: a profiled step holds all of its memory (profiling moves nothing);
-switching plans brings the tensors of the old plan back before the new plan
-places them again.  The session is driven from the thread that created it.
+Limits: the eager driver's profiled steps keep the capacity on the CPU (a
+pager); the compiled driver's, and the eager driver's on a GPU, hold all of
+their memory.  Switching plans: the eager driver hands the old plan's
+tensors on where they are; the compiled driver brings them back before the
+new plan places them again.  The session is driven from the thread that
+created it.
 """
 from __future__ import annotations
 
