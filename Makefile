@@ -11,7 +11,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 JOBS ?= $(shell nproc)
-FUZZ_SECONDS ?= 10
+FUZZ_SECONDS ?= 5
 CMAKE_GEN := -G Ninja
 
 .PHONY: all deps build test test-c test-asan test-tsan test-fuzz test-python test-slow test-pip demo \
