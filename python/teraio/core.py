@@ -116,6 +116,12 @@ class Lifetime:
         """The most bytes one kernel accesses."""
         return self._p.contents.max_active_bytes
 
+    def active_bytes(self, k: int) -> int:
+        """The bytes kernel k accesses."""
+        if not 0 <= k < self._p.contents.n_kernels:
+            raise IndexError(f"kernel {k} of {self._p.contents.n_kernels}")
+        return self._p.contents.active_bytes[k]
+
     @property
     def floor_bytes(self) -> int:
         """The working-set floor: no plan goes below it.  What a kernel

@@ -154,6 +154,8 @@ def test_the_floor_names_its_tensors_and_what_holds_them(tmp_path):
     out = subprocess.run([str(REPO / "build" / "bin" / "teraio"), "analyze", path, "--json"],
                          capture_output=True, text=True, check=True).stdout
     listed = json.loads(out)["floor_tensors"]
+    k = json.loads(out)["max_active_kernel"]   # the kernel whose accesses are max_active_bytes
+    assert lt.active_bytes(k) == lt.max_active_bytes == max(lt.active_bytes(i) for i in range(trace.n_kernels))
     assert [(f["tensor"], f["name"], f["bytes"], f["reason"]) for f in listed] == \
         [(f["tensor"], f["name"], f["bytes"], f["reason"]) for f in floor]
     with pytest.raises(Exception, match=r"held: transformer\.wte\.weight\.grad \(temporary, 1\.00 MiB\)"):
