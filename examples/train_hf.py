@@ -68,6 +68,19 @@ def stream(root: Path, seq_len: int, seed: int = 0) -> StreamingDataset:
                             logical_shards=8)
 
 
+def summary(r: dict) -> str:
+    """The line a run under teraio ends with: its steps, what moved, and the
+    resident peak against the capacity (with several plans, the worst plan's
+    ratio of its own peak to its own capacity)."""
+    line = (f"offloaded: {r['profiled_iterations']} profiled, {r['planned_iterations']} planned and "
+            f"{r['diverged_iterations']} diverged steps, {r['bytes_offloaded'] / 2**20:.1f} MiB to SSD, "
+            f"peak resident {r['peak_resident_bytes'] / 2**20:.1f} MiB of {r['capacity_bytes'] / 2**20:.1f} MiB, "
+            f"{r['over_capacity_kernels']} kernels over")
+    if len(r["plans"]) > 1 and r["peak_to_capacity_max"] is not None:
+        line += f" ({len(r['plans'])} plans, worst peak/capacity {r['peak_to_capacity_max']:.3f})"
+    return line
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="build/train-hf", help="corpus and SSD files (default %(default)s)")
@@ -97,9 +110,7 @@ def main(argv=None) -> int:
         print(f"step {step} loss {loss.item()!r}", flush=True)
     if off is not None:
         r = off.report()
-        print(f"offloaded: {r['profiled_iterations']} profiled and {r['planned_iterations']} planned steps, "
-              f"{r['bytes_offloaded'] / 2**20:.1f} MiB to SSD, peak resident {r['peak_resident_bytes'] / 2**20:.1f} "
-              f"MiB of {r['capacity_bytes'] / 2**20:.1f} MiB, {r['over_capacity_kernels']} kernels over")
+        print(summary(r))
         off.close()
     ds.close()
     return 0

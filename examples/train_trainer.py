@@ -32,7 +32,7 @@ import torch
 from teraio.data import collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_hf import corpus, gpt2, stream  # noqa: E402  (the same model, corpus and loader)
+from train_hf import corpus, gpt2, stream, summary  # noqa: E402  (the same model, corpus, loader, summary)
 
 
 def hf_batch(samples):
@@ -113,9 +113,7 @@ def main(argv=None) -> int:
             print(json.dumps(keep), flush=True)
     if callbacks:
         r = callbacks[0].report
-        print(f"offloaded: {r['profiled_iterations']} profiled and {r['planned_iterations']} planned steps, "
-              f"{r['bytes_offloaded'] / 2**20:.1f} MiB to SSD, peak resident {r['peak_resident_bytes'] / 2**20:.1f} "
-              f"MiB of {r['capacity_bytes'] / 2**20:.1f} MiB, {r['over_capacity_kernels']} kernels over")
+        print(summary(r))
     train.close()
     return 0
 
