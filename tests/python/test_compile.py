@@ -454,3 +454,13 @@ def test_compiled_demo_reports_mode_compiled_and_identical_losses(tmp_path):
     assert "teraio demo (compiled)" in r.stdout
     r = subprocess.run([sys.executable, "-m", "teraio.demo", "--compile", "--sweep"], capture_output=True, text=True)
     assert r.returncode == 2 and "--compile and --sweep cannot be combined" in r.stderr
+
+
+def test_post_grad_passes_off_is_refused_when_the_session_is_made(tmp_path):
+    """teraio reads each graph where Inductor's post-grad passes leave it:
+    with them off it could plan nothing, and says so at once rather than
+    running without offloading."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with torch._inductor.config.patch(use_post_grad_passes=False):
+        with pytest.raises(ValueError, match="use_post_grad_passes is off"):
+            CompiledOffload(model, torch.optim.SGD(model.parameters(), lr=0.1), capacity=0.5, ssd=str(tmp_path))

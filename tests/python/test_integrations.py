@@ -117,13 +117,22 @@ def test_trainer_callback_reads_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("TERAIO_CAPACITY", "0.25")
     monkeypatch.setenv("TERAIO_SSD", f"{tmp_path}/a{os.pathsep}{tmp_path}/b")
     monkeypatch.setenv("TERAIO_HOST_CAP_BYTES", "64MiB")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
     cb = OffloadCallback()
     assert (cb.capacity, cb.ssd, cb.compile) == (0.25, [f"{tmp_path}/a", f"{tmp_path}/b"], False)
     assert cb.options == {"host_cap_bytes": 64 << 20}
     monkeypatch.setenv("TERAIO_COMPILE", "1")
     monkeypatch.setenv("TERAIO_CAPACITY", "3GiB")
-    cb = OffloadCallback(ssd="/x", host_cap_bytes=5)  # code wins over the environment
-    assert (cb.capacity, cb.ssd, cb.compile, cb.options) == (3 << 30, "/x", True, {"host_cap_bytes": 5})
+    cb = OffloadCallback(ssd=str(tmp_path), host_cap_bytes=5)  # code wins over the environment
+    assert (cb.capacity, cb.ssd, cb.compile, cb.options) == (3 << 30, str(tmp_path), True, {"host_cap_bytes": 5})
+    # a directory that is not there is named with the variable that named it, when the callback is made
+    with monkeypatch.context() as m:
+        m.setenv("TERAIO_SSD", f"{tmp_path}/a{os.pathsep}{tmp_path}/gone")
+        with pytest.raises(ValueError, match=r"TERAIO_SSD=.*: directory '.*/gone' does not exist"):
+            OffloadCallback()
+    with pytest.raises(ValueError, match=r"ssd: directory '/nonexistent/x' does not exist"):
+        OffloadCallback(ssd="/nonexistent/x")
     for var, value, says in (("TERAIO_CAPACITY", "half", "TERAIO_CAPACITY='half' is neither"),
                              ("TERAIO_CAPACITY", "1.5", "must be in (0, 1]"),
                              ("TERAIO_COMPILE", "maybe", "TERAIO_COMPILE='maybe' is not a switch"),
@@ -290,11 +299,11 @@ def test_callback_close_from_another_thread_keeps_the_session(tmp_path):
     assert not _get_current_dispatch_mode_stack()
 
 
-def test_the_environment_is_read_exactly(monkeypatch):
+def test_the_environment_is_read_exactly(monkeypatch, tmp_path):
     from teraio.torch.trainer import OffloadCallback
     for v in ("TERAIO_CAPACITY", "TERAIO_SSD", "TERAIO_HOST_CAP_BYTES", "TIO_CAPACITY", "TIO_SSD"):
         monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("TIO_SSD", "/x")
+    monkeypatch.setenv("TIO_SSD", str(tmp_path))
     monkeypatch.setenv("TIO_CAPACITY", "half")  # the old prefix: named as it was set
     with pytest.raises(ValueError, match="TIO_CAPACITY='half' is neither"):
         OffloadCallback()

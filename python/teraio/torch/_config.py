@@ -93,6 +93,7 @@ def resolve(capacity=None, ssd=None, compile=None, options: dict | None = None, 
     if capacity is None:
         var = _var("CAPACITY")
         capacity = parse_capacity(var[1], var[0]) if var else 0.5
+    source = "ssd"
     if ssd is None:
         var = _var("SSD")
         if var is None:
@@ -101,6 +102,7 @@ def resolve(capacity=None, ssd=None, compile=None, options: dict | None = None, 
         ssd = [d for d in var[1].split(os.pathsep) if d]
         if not ssd:
             raise ValueError(f"{var[0]}={var[1]!r} names no directory")
+        source = f"{var[0]}={var[1]!r}"
     if compile is None:
         var = _var("COMPILE")
         compile = parse_flag(var[0], var[1]) if var else False
@@ -112,9 +114,12 @@ def resolve(capacity=None, ssd=None, compile=None, options: dict | None = None, 
             options["host_cap_bytes"] = parse_bytes(var[0], var[1], zero=True)
     try:
         check_capacity(capacity)
-        ssd_dirs(ssd)
+        dirs = ssd_dirs(ssd)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{who}: {e}") from None
+    missing = next((d for d in dirs if not os.path.isdir(d)), None)
+    if missing is not None:  # offload() would refuse it only at on_train_begin, after the Trainer's set-up
+        raise ValueError(f"{who}: {source}: directory {missing!r} does not exist or is not a directory")
     return capacity, ssd, compile, options
 
 
