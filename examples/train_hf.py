@@ -101,12 +101,21 @@ def main(argv=None) -> int:
         (out / "ssd").mkdir(parents=True, exist_ok=True)
         off = teraio.torch.offload(model, opt, capacity=a.offload, ssd=str(out / "ssd"))
     for step, batch in zip(range(1, a.steps + 1), loader):
-        with off.step() if off is not None else contextlib.nullcontext():
-            loss = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                         labels=batch["labels"]).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+        try:
+            with off.step() if off is not None else contextlib.nullcontext():
+                loss = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                             labels=batch["labels"]).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+        except ValueError as e:  # the first plan refused: a capacity below the working-set floor
+            if off is None or "no plan for capacity" not in str(e):
+                raise
+            print(f"step {step} loss {loss.item()!r}", flush=True)  # the step ran; its plan was refused
+            print(f"train_hf.py: {e}", file=sys.stderr)
+            off.close()
+            ds.close()
+            return 2
         print(f"step {step} loss {loss.item()!r}", flush=True)
     if off is not None:
         r = off.report()
