@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     off = None
     if a.offload is not None:
         import teraio.torch
+        from teraio.torch.session import NoPlan
         (out / "ssd").mkdir(parents=True, exist_ok=True)
         off = teraio.torch.offload(model, opt, capacity=a.offload, ssd=str(out / "ssd"))
     for step, batch in zip(range(1, a.steps + 1), loader):
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
                 opt.step()
                 opt.zero_grad()
         except ValueError as e:  # the first plan refused: a capacity below the working-set floor
-            if off is None or "no plan for capacity" not in str(e):
+            if off is None or not isinstance(e.__cause__, NoPlan):
                 raise
             print(f"step {step} loss {loss.item()!r}", flush=True)  # the step ran; its plan was refused
             print(f"train_hf.py: {e}", file=sys.stderr)

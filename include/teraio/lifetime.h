@@ -64,6 +64,8 @@ typedef struct tio_lifetime {
     uint32_t floor_kernel;       /* first k where the floor is reached; what is held
                                     there without a later use is floor_bytes -
                                     active_bytes[floor_kernel] */
+    uint32_t max_active_kernel;  /* first k with active_bytes[k] == max_active_bytes
+                                    (0 for a trace with no accesses) */
 } tio_lifetime;
 
 /* Analyse a valid trace.  Returns 0, TIO_EPARSE (trace fails validation),

@@ -145,7 +145,7 @@ class Lifetime(Structure):
                 ("first_use", POINTER(c_uint32)), ("last_use", POINTER(c_uint32)),
                 ("start_ns", POINTER(c_uint64)), ("n_periods", c_uint32), ("periods", c_void_p),
                 ("tensor_bytes", POINTER(c_uint64)), ("floor_bytes", c_uint64),
-                ("floor_kernel", c_uint32)]
+                ("floor_kernel", c_uint32), ("max_active_kernel", c_uint32)]
 
 
 LifetimeP = POINTER(Lifetime)

@@ -116,6 +116,11 @@ class Lifetime:
         """The most bytes one kernel accesses."""
         return self._p.contents.max_active_bytes
 
+    @property
+    def max_active_kernel(self) -> int:
+        """The first kernel whose accesses are max_active_bytes."""
+        return self._p.contents.max_active_kernel
+
     def active_bytes(self, k: int) -> int:
         """The bytes kernel k accesses."""
         if not 0 <= k < self._p.contents.n_kernels:

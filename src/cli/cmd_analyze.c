@@ -62,16 +62,6 @@ typedef struct {
     bool json;
 } analyze_options;
 
-/* The first kernel whose accesses are the most bytes (max_active_bytes). */
-static uint32_t max_active_kernel(const tio_lifetime *lt)
-{
-    uint32_t k = 0;
-    for (uint32_t i = 1; i < lt->n_kernels; i++)
-        if (lt->active_bytes[i] > lt->active_bytes[k])
-            k = i;
-    return k;
-}
-
 static void print_json(const analyze_options *o, const tio_trace *trace, const tio_lifetime *lt,
                        const tio_lifetime_stats *st, const tio_floor_tensor *floor, uint32_t n_floor)
 {
@@ -89,7 +79,7 @@ static void print_json(const analyze_options *o, const tio_trace *trace, const t
            lt->peak_kernel);
     printf(", \"max_active_bytes\": %llu", (unsigned long long)lt->max_active_bytes);
     if (lt->n_kernels > 0)
-        printf(", \"max_active_kernel\": %u", max_active_kernel(lt));
+        printf(", \"max_active_kernel\": %u", lt->max_active_kernel);
     printf(", \"floor_bytes\": %llu, \"floor_kernel\": %u", (unsigned long long)lt->floor_bytes,
            lt->floor_kernel);
     printf(", \"floor_tensors\": [");
@@ -139,8 +129,8 @@ static void print_report(const analyze_options *o, const tio_trace *trace,
                lt->peak_kernel, trace->kernels[lt->peak_kernel].name);
     if (trace->n_kernels > 0)
         printf("max active        %s at kernel %u (%s): what one kernel accesses\n",
-               tio_format_bytes(lt->max_active_bytes, b2), max_active_kernel(lt),
-               trace->kernels[max_active_kernel(lt)].name);
+               tio_format_bytes(lt->max_active_bytes, b2), lt->max_active_kernel,
+               trace->kernels[lt->max_active_kernel].name);
     if (trace->n_kernels > 0)
         printf("working-set floor %s at kernel %u (%s): no plan goes below it\n",
                tio_format_bytes(lt->floor_bytes, b1), lt->floor_kernel,

@@ -86,8 +86,10 @@ static void compute_curves(const tio_trace *tr, tio_lifetime *lt, uint64_t *delt
             active += tr->tensors[t].bytes;
         }
         lt->active_bytes[k] = active;
-        if (active > lt->max_active_bytes)
+        if (active > lt->max_active_bytes) {
             lt->max_active_bytes = active;
+            lt->max_active_kernel = k;
+        }
     }
 
     /* Unsigned wrap-around in the difference array is harmless: every

@@ -95,6 +95,7 @@ static void test_memory_curve(void **state)
     assert_true(lt->peak_bytes == 7344128);
     assert_int_equal(lt->peak_kernel, 1); /* first of the three equal maxima */
     assert_true(lt->max_active_bytes == 6291456);
+    assert_int_equal(lt->max_active_kernel, 5);
 
     static const uint32_t first[4] = {0, 5, 0, 1}, last[4] = {5, 5, 4, 3};
     for (int i = 0; i < 4; i++) {

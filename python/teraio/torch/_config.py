@@ -24,7 +24,7 @@ import os
 import re
 from decimal import Decimal
 
-from .session import check_capacity, ssd_dirs
+from .session import check_capacity, missing_dir, ssd_dirs
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -117,7 +117,7 @@ def resolve(capacity=None, ssd=None, compile=None, options: dict | None = None, 
         dirs = ssd_dirs(ssd)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{who}: {e}") from None
-    missing = next((d for d in dirs if not os.path.isdir(d)), None)
+    missing = missing_dir(dirs)
     if missing is not None:  # offload() would refuse it only at on_train_begin, after the Trainer's set-up
         raise ValueError(f"{who}: {source}: directory {missing!r} does not exist or is not a directory")
     return capacity, ssd, compile, options

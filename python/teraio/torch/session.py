@@ -128,6 +128,11 @@ def ssd_dirs(ssd) -> list[str]:
             for d in ssd]
 
 
+def missing_dir(dirs) -> str | None:
+    """The first of `dirs` (paths) that is not an existing directory, or None."""
+    return next((d for d in dirs if not os.path.isdir(d)), None)
+
+
 def check_capacity(capacity) -> None:
     """``capacity``: bytes (an int in (0, 2^64)) or a share of the peak (a
     float in (0, 1])."""
@@ -226,10 +231,9 @@ class Session:
                     or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
                                for x in ssd_gbps)):
                 raise ValueError(f"ssd_gbps must be (read, write) GB/s, two finite numbers > 0, got {ssd_gbps!r}")
-        for d in dirs:
-            if not os.path.isdir(d):
-                raise ValueError(f"teraio.torch.offload: ssd directory '{d}' does not exist or is not a "
-                                 f"directory")
+        d = missing_dir(dirs)
+        if d is not None:
+            raise ValueError(f"teraio.torch.offload: ssd directory '{d}' does not exist or is not a directory")
         _claim(self, model, optimizer)
         self.model, self.optimizer = model, optimizer
         self.capacity, self.ssd = capacity, dirs

@@ -278,8 +278,8 @@ class GraphInfo:
             with g.inserting_before(kernels[j]):
                 token = g.call_function(kernel_begin, (moved, read, token, self.gid, j))
             first = (moved + read)[:1]
-            dev = self._vals[first[0].name].device if first and first[0].name in self._vals else \
-                first[0].meta["val"].device if first else torch.device("cpu")
+            # the profiled graph's value: a rewritten node's own may be stale
+            dev = self._vals.get(first[0].name, first[0].meta.get("val")).device if first else torch.device("cpu")
             with self._fake_mode or torch._subclasses.FakeTensorMode():
                 token.meta["val"] = torch.empty(0, device=dev)
         g.lint()

@@ -53,23 +53,35 @@ class _AtPostGrad(CustomGraphPass):
     def __init__(self, gm: torch.fx.GraphModule, fn):
         self._gm, self._fn = gm, fn
         self.done = False
+        self.error: ValueError | None = None  # what `fn` refused (Inductor wraps what a pass raises)
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if graph is not self._gm.graph and graph.owning_module is not self._gm:
             return
         self.done = True
         stable_topological_sort(graph)
-        self._fn(graph)
+        try:
+            self._fn(graph)
+        except ValueError as e:
+            self.error = e
+            raise
 
     def uuid(self):
         return None  # no cache key: Inductor's FX graph cache is bypassed
 
 
+def check_post_grad_passes(who: str = "teraio.torch.offload(compile=True)") -> None:
+    """Raises ValueError (naming `who`) if Inductor's post-grad passes are
+    off: teraio reads and plans a graph where they leave it."""
+    if not config.use_post_grad_passes:
+        raise ValueError(f"{who}: torch._inductor.config.use_post_grad_passes is off; teraio reads and plans "
+                         f"each graph as Inductor's post-grad passes leave it (docs/compile.md), so it cannot "
+                         f"offload with them off")
+
+
 @contextlib.contextmanager
 def _with_pass(p: _AtPostGrad):
-    if not config.use_post_grad_passes:
-        raise RuntimeError("Inductor's post-grad passes are off (torch._inductor.config.use_post_grad_passes): "
-                           "teraio plans a graph as they leave it")
+    check_post_grad_passes()
     theirs = get_custom_graph_passes(config.post_grad_custom_post_pass)
     with config.patch(post_grad_custom_post_pass=[*theirs, p]):
         yield
@@ -78,8 +90,9 @@ def _with_pass(p: _AtPostGrad):
 def post_grad_graph(gm: torch.fx.GraphModule, example_inputs, kwargs: dict) -> torch.fx.GraphModule:
     """The graph `gm` (which this consumes) as Inductor's post-grad passes
     leave it, compiled with compile_fx_inner's `kwargs`: a GraphModule whose
-    every node has its fake value.  Raises what Inductor raised before that
-    point, and RuntimeError where the passes are off."""
+    every node has its fake value (it is `gm` itself, as the passes left it).
+    Raises what Inductor raised before that point, and ValueError where the
+    passes are off."""
     box: list[torch.fx.GraphModule] = []
 
     def capture(graph: torch.fx.Graph) -> None:
@@ -87,7 +100,8 @@ def post_grad_graph(gm: torch.fx.GraphModule, example_inputs, kwargs: dict) -> t
         vals = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
         with torch.no_grad():
             FakeTensorProp(m, mode=V.fake_mode).propagate_dont_convert_inputs(*vals)
-        box.append(copy.deepcopy(m))
+        m.recompile()  # its code (GraphInfo's fingerprint) as the passes left the graph
+        box.append(m)  # Inductor stops here: nothing changes it after
         raise _Stop
 
     p = _AtPostGrad(gm, capture)
@@ -109,14 +123,20 @@ def compile_with_ops(info, ops: dict) -> object:
     peak-memory reordering is off for it: it moves nodes it has no
     dependency for, and the calls must stay where the plan put them (it
     orders kernels, it does not change them).  Raises ValueError if the
-    graph at the post-grad point is not the one profiled."""
+    graph at the post-grad point is not the one profiled, or if the passes
+    are off; otherwise what Inductor raises."""
     example_inputs, kwargs, tctx, cctx = info.compile_args
     gm = copy.deepcopy(info.source)
     p = _AtPostGrad(gm, lambda graph: info.insert_ops(graph, ops))
     ctx = torch._guards.tracing(tctx) if tctx is not None else contextlib.nullcontext()
     cc = torch._guards.compile_context(cctx) if cctx is not None else contextlib.nullcontext()
-    with ctx, cc, config.patch(reorder_for_peak_memory=False), _with_pass(p):
-        fn = compile_fx_inner(gm, example_inputs, **kwargs)
+    try:
+        with ctx, cc, config.patch(reorder_for_peak_memory=False), _with_pass(p):
+            fn = compile_fx_inner(gm, example_inputs, **kwargs)
+    except Exception as e:
+        if p.error is not None:
+            raise p.error from e
+        raise
     if not p.done:
         raise RuntimeError(f"graph {info.key}: Inductor compiled it without handing it to its custom post pass")
     return fn

@@ -173,10 +173,7 @@ class CompiledSession(Session):
 
     def __init__(self, model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *,
                  compile_model: bool = True, **options):
-        if not torch._inductor.config.use_post_grad_passes:
-            raise ValueError("teraio.torch.offload(compile=True): torch._inductor.config.use_post_grad_passes is "
-                             "off; teraio reads and plans each graph as Inductor's post-grad passes leave it "
-                             "(docs/compile.md), so it cannot offload with them off")
+        passes.check_post_grad_passes()
         super().__init__(model, optimizer, capacity, ssd, **options)
         self._rec: Recorder | None = None
         self._active = False                  # the step follows self._entry
