@@ -4,8 +4,9 @@
  * From a trace: for every tensor, its inactive periods (gaps between two
  * consecutive uses longer than one kernel; for global tensors also the gap
  * that wraps from its last use in one iteration to its first use in the
- * next), the memory curve M[k] (bytes that must be resident at kernel k if
- * nothing moves: global tensors always, intermediate tensors from their first
+ * next; for an intermediate tensor the program holds past its last use, the
+ * tail from that use to its free), the memory curve M[k] (bytes that must
+ * be resident at kernel k if nothing moves: global tensors always, intermediate tensors from their first
  * access to their last, or to the kernel before their free_kernel when the
  * trace records a later one), and the statistics the TERAIO paper
  * (arXiv 2506.06472, §2) reports about them.
@@ -29,14 +30,24 @@ extern "C" {
  * plus n_kernels, i.e. next_use = first_use + n_kernels > last_use, and
  * `wraps` is true.  A global tensor used by exactly one kernel k has one
  * wrap-around period (k, k + n_kernels), except in a one-kernel trace,
- * where no kernel lies between its uses. */
+ * where no kernel lies between its uses.
+ *
+ * A tail period (`tail` true) is an intermediate tensor's time after its
+ * last use while the program still holds it (a Python variable, a gradient
+ * waiting for zero_grad, autograd's saved tensors): the trace records a
+ * free_kernel >= last_use + 2, and next_use is that free_kernel (n_kernels
+ * when it was still held at the end).  Nothing uses the tensor there, so a
+ * plan moves it out with an offload and no prefetch (plan.h); it is the
+ * tensor's last period.  Without free records there are no tails. */
 typedef struct {
     uint32_t tensor;
     uint32_t last_use;     /* kernel index in [0, n_kernels) */
-    uint32_t next_use;     /* kernel index, may be >= n_kernels when wraps */
+    uint32_t next_use;     /* kernel index, may be >= n_kernels when wraps; a tail's
+                              free_kernel (<= n_kernels) */
     bool wraps;
     uint64_t bytes;        /* tensor size */
     uint64_t idle_ns;      /* sum of durations of kernels strictly between */
+    bool tail;             /* no next use: the tensor is freed at next_use */
 } tio_inactive_period;
 
 typedef struct tio_lifetime {
@@ -55,14 +66,13 @@ typedef struct tio_lifetime {
     uint64_t *tensor_bytes;      /* [n_tensors] size of each tensor (copied from the
                                     trace, for the size statistics) */
     uint64_t floor_bytes;        /* the working-set floor: max_k of M[k] less the bytes
-                                    of the inactive periods that cover k.  What kernel
-                                    k accesses, plus what stays resident there with no
-                                    period to move it in: a tensor after its last use
-                                    until it is freed (free records of trace v2), a
-                                    global tensor no kernel accesses.  No plan goes
+                                    of the inactive periods that cover k (tails
+                                    included).  What kernel k accesses, plus what stays
+                                    resident there with no period to move it in (a
+                                    global tensor no kernel accesses).  No plan goes
                                     below it; >= max_active_bytes. */
     uint32_t floor_kernel;       /* first k where the floor is reached; what is held
-                                    there without a later use is floor_bytes -
+                                    there without a period is floor_bytes -
                                     active_bytes[floor_kernel] */
     uint32_t max_active_kernel;  /* first k with active_bytes[k] == max_active_bytes
                                     (0 for a trace with no accesses) */
@@ -81,9 +91,10 @@ TIO_API uint64_t tio_lifetime_span_ns(const tio_lifetime *lt, uint64_t from, uin
 /* Why a tensor stays resident at the floor kernel (tio_lifetime_floor_tensors). */
 typedef enum {
     TIO_FLOOR_ACCESSED = 0,     /* the floor kernel reads or writes it */
-    TIO_FLOOR_HELD_AFTER_LAST_USE = 1, /* an intermediate past its last use, not yet freed: the
-                                  program holds it (a Python variable, a gradient waiting
-                                  for zero_grad, autograd's saved tensors) */
+    TIO_FLOOR_HELD_AFTER_LAST_USE = 1, /* an intermediate past its last use, not yet freed,
+                                  with no period to move it in.  Not produced since tail
+                                  periods exist (every such tensor has one); kept so that
+                                  the values stay what they were */
     TIO_FLOOR_NEVER_ACCESSED = 2, /* a global tensor no kernel accesses (a frozen buffer) */
 } tio_floor_reason;
 

@@ -17,8 +17,16 @@
  *             deadline_kernel = b       the read is complete before the
  *                                       tensor's next use runs.
  *
+ * A tail period (lifetime.h: an intermediate held after its last use a
+ * until it is freed before kernel b) has no next use, so it gets the
+ * offload alone, no prefetch: the tensor stays off the device over
+ * [k_off, b) and its stored copy is dropped when it dies.  A program that
+ * touches it there after all has it fetched on demand (a stall; the
+ * iteration has left its trace).  One still alive at the iteration's end
+ * is brought back then (tio_runtime_iteration_end).
+ *
  * The planned memory curve is M'[k] = M[k] - (s of every pair with
- * k in [k_off, k_pre)): the bytes resident while kernel k runs, the
+ * k in [k_off, k_pre), k_pre = b for a tail's lone offload): the bytes resident while kernel k runs, the
  * kernel's own outputs included.  What happens at kernel_begin(k), in this
  * order (the runtime and the simulator both follow it):
  *   1. offloads due at k: wait for the write, release the memory;
@@ -193,7 +201,8 @@ TIO_API int tio_plan_parse(const char *text, size_t len, const char *origin, tio
  * kernels in range, sizes match, offload/prefetch pairs balanced, each pair
  * inside one inactive period of its tensor, and two pairs of a tensor in the
  * same period one after the other (the prefetch due before the next offload
- * is issued, at an earlier kernel).  Fills planned_memory_bytes if NULL.  Returns 0, TIO_EUNKNOWN (unknown tensor:
+ * is issued, at an earlier kernel); an offload with no prefetch only as an
+ * intermediate's last, in its tail period.  Fills planned_memory_bytes if NULL.  Returns 0, TIO_EUNKNOWN (unknown tensor:
  * the message names it), TIO_EPARSE (inconsistent), -ENOMEM. */
 TIO_API int tio_plan_check(tio_plan *plan, const tio_trace *trace, const tio_lifetime *lt);
 

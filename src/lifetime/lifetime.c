@@ -16,6 +16,9 @@
  *      tensors in id order and uses in kernel order, with the wrap-around
  *      period (whose last_use is the tensor's last use) emitted last, yields
  *      the periods already sorted by (tensor, last_use): no sort needed.
+ *      An intermediate tensor held past its last use (a free_kernel of at
+ *      least last use + 2) gets a tail period last, from that use to the
+ *      free, in which a plan may move it out for good.
  *
  * One rule is applied uniformly: a period needs at least one kernel strictly
  * between its two uses (next_use - last_use >= 2).  So a global tensor used
@@ -118,6 +121,13 @@ static void compute_curves(const tio_trace *tr, tio_lifetime *lt, uint64_t *delt
     }
 }
 
+/* Is intermediate t held past its last use with a kernel in between (a tail)? */
+static bool has_tail(const tio_trace *tr, const tio_lifetime *lt, uint32_t t)
+{
+    uint32_t freed = tr->tensors[t].free_kernel;
+    return freed && freed >= (uint64_t)lt->last_use[t] + 2;
+}
+
 /* Pass 4: each tensor's uses in kernel order (counting sort), then its
  * inactive periods.  `uses` has n_accesses slots, `offset` n_tensors+1. */
 static int compute_periods(const tio_trace *tr, tio_lifetime *lt, uint32_t *uses,
@@ -144,6 +154,8 @@ static int compute_periods(const tio_trace *tr, tio_lifetime *lt, uint32_t *uses
             count += uses[i] - uses[i - 1] >= 2;
         if (tr->tensors[t].global)
             count += (uint64_t)lt->first_use[t] + n - lt->last_use[t] >= 2;
+        else
+            count += has_tail(tr, lt, t);
     }
     if (count > UINT32_MAX)
         return tio_fail(-ENOMEM, "trace has more than 2^32 inactive periods");
@@ -168,6 +180,11 @@ static int compute_periods(const tio_trace *tr, tio_lifetime *lt, uint32_t *uses
                 .tensor = t, .last_use = lt->last_use[t], .next_use = next, .wraps = true,
                 .bytes = bytes,
                 .idle_ns = tio_lifetime_span_ns(lt, (uint64_t)lt->last_use[t] + 1, next)};
+        else if (!tr->tensors[t].global && has_tail(tr, lt, t))
+            *p++ = (tio_inactive_period){
+                .tensor = t, .last_use = lt->last_use[t], .next_use = tr->tensors[t].free_kernel,
+                .bytes = bytes, .tail = true,
+                .idle_ns = lt->start_ns[tr->tensors[t].free_kernel] - lt->start_ns[lt->last_use[t] + 1]};
     }
     lt->n_periods = (uint32_t)count;
     return 0;

@@ -70,8 +70,8 @@ static void put_floor_tensor(const tio_trace *trace, const tio_lifetime *lt, con
 }
 
 /* The tensors that make the floor (tio_lifetime_floor_tensors), for the
- * refusal: first those the kernel does not access (held after their last
- * use, or never accessed: what a program can release), then those it
+ * refusal: first those the kernel does not access (never accessed: what a
+ * program can release), then those it
  * accesses, the largest of each, three at most; "" when they cannot be listed. */
 static void floor_tensors_text(const tio_trace *trace, const tio_lifetime *lt, char *buf, size_t size)
 {
@@ -161,8 +161,8 @@ static int check_inputs(const tio_trace *trace, const tio_lifetime *lt,
                             "the working-set floor: no plan fits below it%s",
                             cap, k, trace->kernels[k].name, need, largest);
         return tio_fail(TIO_EINFEASIBLE, "capacity %s is below kernel %u (%s)'s need of %s, the "
-                        "working-set floor: what it accesses and %s held there by tensors with "
-                        "no later use before they are freed; no plan fits below it%s",
+                        "working-set floor: what it accesses and %s held there by tensors no "
+                        "period can move; no plan fits below it%s",
                         cap, k, trace->kernels[k].name, need,
                         tio_format_bytes(held_bytes, held), largest);
     }

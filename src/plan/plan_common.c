@@ -54,6 +54,8 @@ int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
         .tier = tier,
         .bytes = per->bytes,
     };
+    if (per->tail)
+        return 0; /* no next use: nothing comes back (plan.h) */
     list->m[list->n++] = (tio_migration){
         .tensor = per->tensor,
         .kind = TIO_MIGRATION_PREFETCH,

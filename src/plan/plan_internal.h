@@ -54,7 +54,8 @@ typedef struct {
 /* Append the offload/prefetch pair that takes `per`'s tensor away over
  * [k_off, k_pre) on `tier`: offload triggered at last_use + 1 and due at
  * k_off, prefetch triggered at k_pre and due at next_use (kernel indices
- * taken modulo n_kernels, as plan.h stores them).  Returns 0 or -ENOMEM. */
+ * taken modulo n_kernels, as plan.h stores them).  A tail period gets the
+ * offload alone (k_pre is then its next_use).  Returns 0 or -ENOMEM. */
 int tio_plan_emit_pair(tio_migration_list *list, uint32_t n_kernels,
                        const tio_inactive_period *per, uint64_t k_off, uint64_t k_pre,
                        tio_tier tier);
@@ -67,13 +68,17 @@ typedef struct {
     uint64_t predicted_stall_ns;
 } tio_plan_result;
 
+/* A tail period's placement: its offload walk as any other's, no prefetch
+ * walk: the window runs to the free (k_pre = next_use), and no read is booked. */
+static inline bool tio_period_reads_back(const tio_inactive_period *per) { return !per->tail; }
+
 /* The periods a planner chose, as the synchronous finish needs them. */
 typedef struct {
     bool *chosen;                  /* [n_periods] */
     uint64_t *win_off, *win_pre;   /* [n_periods] its window [k_off, k_pre), unwrapped
                                       as the period's kernels are */
     uint32_t *pair_at;             /* [n_periods] its offload's index in the list
-                                      (the prefetch follows it) */
+                                      (the prefetch follows it, but for a tail) */
 } tio_plan_windows;
 
 /* Allocate (zeroed) for n periods (plan_sync.c, as the two below): 0 or

@@ -18,8 +18,9 @@
  *
  * tio_plan_check then proves the plan safe for a trace: tensors and kernels
  * exist, sizes match, every offload pairs with a prefetch of the same
- * tensor and tier, and each pair keeps its tensor off the device only
- * inside one of its inactive periods.  It derives M' from the pairs with a
+ * tensor and tier (but an intermediate's last offload in its tail period,
+ * lifetime.h, which has none), and each pair keeps its tensor off the
+ * device only inside one of its inactive periods.  It derives M' from the pairs with a
  * difference array, so it costs O(kernels + migrations log migrations).
  */
 #include <errno.h>
@@ -489,13 +490,52 @@ static int check_spans(const tio_plan *plan, span *s, uint32_t n)
     return 0;
 }
 
+/* The tail period of intermediate tensor t (lifetime.h), or NULL. */
+static const tio_inactive_period *tail_of(const tio_lifetime *lt, uint32_t t)
+{
+    uint32_t lo = 0, hi = lt->n_periods;
+    while (lo < hi) { /* the first period of a tensor above t */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (lt->periods[mid].tensor <= t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    const tio_inactive_period *p = lo ? &lt->periods[lo - 1] : NULL;
+    return p && p->tensor == t && p->tail ? p : NULL;
+}
+
+/* An offload with no prefetch: it must be the last of an intermediate
+ * tensor, inside its tail period (so after every other pair of the tensor,
+ * which lie in earlier periods).  Its ranges go to the difference arrays. */
+static int lone_offload(const tio_plan *plan, const tio_lifetime *lt, const edge *x,
+                        uint64_t *resident, uint64_t *host)
+{
+    const tio_migration *o = &plan->migrations[x->index];
+    const tio_inactive_period *per = tail_of(lt, o->tensor);
+    if (!per || o->trigger_kernel <= per->last_use || o->deadline_kernel < o->trigger_kernel ||
+        o->deadline_kernel >= per->next_use)
+        return tio_fail(TIO_EPARSE, "offload of tensor %u (deadline kernel %u) has no "
+                        "matching prefetch", o->tensor, o->deadline_kernel);
+    add_range(resident, plan->n_kernels, o->deadline_kernel, per->next_use, o->bytes);
+    if (o->tier == TIO_TIER_HOST)
+        add_range(host, plan->n_kernels, o->trigger_kernel, per->next_use, o->bytes);
+    return 0;
+}
+
 /* Pair the edges of one tensor (e[0..m), sorted by kernel): around the
- * iteration they must alternate offload, prefetch.  Each pair's ranges are
- * added to the difference arrays; `spans` has room for m / 2 pairs. */
+ * iteration they must alternate offload, prefetch, but for an
+ * intermediate's last offload in its tail period, which has none.  Each
+ * pair's ranges are added to the difference arrays; `spans` has room for
+ * m / 2 pairs. */
 static int pair_tensor(const tio_plan *plan, const tio_lifetime *lt, const edge *e, uint32_t m,
                        uint64_t *resident, uint64_t *host, span *spans)
 {
     uint32_t n = plan->n_kernels;
+    if (m % 2 && e[m - 1].kind == TIO_MIGRATION_OFFLOAD && tail_of(lt, e[m - 1].tensor)) {
+        int rc = m > 1 ? pair_tensor(plan, lt, e, m - 1, resident, host, spans) : 0;
+        return rc ? rc : lone_offload(plan, lt, &e[m - 1], resident, host);
+    }
     for (uint32_t i = 0; i < m; i++) {
         const edge *x = &e[i], *y = &e[(i + 1) % m];
         if (m == 1 || x->kind == y->kind) {

@@ -19,7 +19,8 @@
  *       budget left in [a+1, k) and is due at k if that is not enough; the
  *       prefetch uses the read budget left in [e, b), e the end of k's run
  *       of over-capacity kernels, and is triggered at e if that is not
- *       enough; the bytes no budget hides are the stall;
+ *       enough (a tail period has no prefetch: its window runs to its
+ *       free); the bytes no budget hides are the stall;
  *     - a period chosen already whose window misses k: its offload is made
  *       due at k, or its prefetch triggered at e, synchronously (the whole
  *       transfer counts as stall);
@@ -72,15 +73,16 @@ static sync_move place(const tio_plan_sync *sy, uint32_t i, uint64_t ku, uint64_
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
     sync_move m = {.ok = true, .index = i, .tier = tier};
     uint64_t w = sy->budget(sy->planner, wch, a + 1, ku);
-    uint64_t r = sy->budget(sy->planner, rch, e, b);
+    uint64_t r = tio_period_reads_back(per) ? sy->budget(sy->planner, rch, e, b) : s;
     if (w < s || !sy->walk(sy->planner, wch, true, per, &m.k_off))
         m.k_off = ku;
     if (r < s || !sy->walk(sy->planner, rch, false, per, &m.k_pre))
-        m.k_pre = e;
+        m.k_pre = e; /* a tail's walk gives its next use: nothing to read */
     m.write_bytes = w < s ? w : s;
-    m.read_bytes = r < s ? r : s;
-    m.stall_ns = (double)(s - m.write_bytes) / sy->gbps[wch] +
-                 (double)(s - m.read_bytes) / sy->gbps[rch];
+    m.read_bytes = !tio_period_reads_back(per) ? 0 : r < s ? r : s;
+    m.stall_ns = (double)(s - m.write_bytes) / sy->gbps[wch];
+    if (tio_period_reads_back(per))
+        m.stall_ns += (double)(s - m.read_bytes) / sy->gbps[rch];
     return m;
 }
 
@@ -92,7 +94,7 @@ static sync_move widen(const tio_plan_sync *sy, uint32_t i, uint64_t ku, uint64_
     bool ssd = tier == TIO_TIER_SSD;
     sync_move m = {.ok = true, .widen = true, .index = i, .tier = tier,
                    .k_off = sy->win->win_off[i], .k_pre = sy->win->win_pre[i]};
-    if (ku < m.k_off) {
+    if (ku < m.k_off || !tio_period_reads_back(per)) { /* a tail's window ends at its free */
         m.k_off = ku;
         m.stall_ns = (double)per->bytes / sy->gbps[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE];
     } else {
@@ -159,7 +161,7 @@ static void apply_widen(const tio_plan_sync *sy, const sync_move *m)
     uint32_t i = m->index, n = sy->lt->n_kernels;
     tio_migration *o = &sy->res->migrations.m[w->pair_at[i]];
     uint64_t from, to;
-    if (m->k_off < w->win_off[i]) {
+    if (m->k_off < w->win_off[i] || !tio_period_reads_back(&sy->lt->periods[i])) {
         from = m->k_off, to = w->win_off[i];
         o[0].deadline_kernel = (uint32_t)(m->k_off % n);
         w->win_off[i] = m->k_off;

@@ -137,8 +137,10 @@ static placement place_on(const planner *p, const tio_inactive_period *per, int 
 {
     placement pl = {.ok = false, .tier = tier};
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
+    pl.k_pre = b; /* a tail's window runs to the free */
     if (!walk_offload(p->budget[write_ch], p->n, a, b, s, false, &pl.k_off) ||
-        !walk_prefetch(p->budget[read_ch], p->n, a, b, s, false, &pl.k_pre) ||
+        (tio_period_reads_back(per) &&
+         !walk_prefetch(p->budget[read_ch], p->n, a, b, s, false, &pl.k_pre)) ||
         pl.k_off >= pl.k_pre)
         return pl;
     pl.score_ns = over_capacity_ns(p, pl.k_off, pl.k_pre);
@@ -181,8 +183,9 @@ static int apply_booked(void *q, uint32_t i, uint64_t k_off, uint64_t k_pre, tio
     p->prefix_stale[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ] = true;
     walk_offload(p->budget[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], p->n, a, b, write_bytes,
                  true, &unused);
-    walk_prefetch(p->budget[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], p->n, a, b, read_bytes,
-                  true, &unused);
+    if (tio_period_reads_back(per))
+        walk_prefetch(p->budget[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], p->n, a, b,
+                      read_bytes, true, &unused);
     uncover(p, k_off, k_pre, s);
     if (ssd) {
         p->res.bytes_to_ssd += s;
@@ -316,6 +319,10 @@ static uint64_t op_budget(void *q, int ch, uint64_t from, uint64_t to)
 static bool op_walk(void *q, int ch, bool offload, const tio_inactive_period *per, uint64_t *k)
 {
     planner *p = q;
+    if (!offload && !tio_period_reads_back(per)) {
+        *k = per->next_use; /* a tail: nothing to read */
+        return true;
+    }
     return (offload ? walk_offload : walk_prefetch)(p->budget[ch], p->n, per->last_use,
                                                     per->next_use, per->bytes, false, k);
 }

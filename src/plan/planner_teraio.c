@@ -508,8 +508,10 @@ static placement place_on(const fast *f, const tio_inactive_period *per, int wch
 {
     placement pl = {.ok = false, .tier = tier};
     uint64_t a = per->last_use, b = per->next_use, s = per->bytes;
+    pl.k_pre = b; /* a tail's window runs to the free */
     if (!ch_walk_offload(&f->ch[wch], a, b, s, &pl.k_off) ||
-        !ch_walk_prefetch(&f->ch[rch], a, b, s, &pl.k_pre) || pl.k_off >= pl.k_pre)
+        (tio_period_reads_back(per) && !ch_walk_prefetch(&f->ch[rch], a, b, s, &pl.k_pre)) ||
+        pl.k_off >= pl.k_pre)
         return pl;
     pl.score_ns = ot_range_ns(&f->over, pl.k_off, pl.k_pre);
     pl.ok = pl.score_ns > 0;
@@ -566,7 +568,8 @@ static int apply_booked(void *p, uint32_t i, uint64_t k_off, uint64_t k_pre, tio
     if (rc)
         return rc;
     ch_book_offload(&f->ch[ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE], a, write_bytes);
-    ch_book_prefetch(&f->ch[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], b, read_bytes);
+    if (tio_period_reads_back(per))
+        ch_book_prefetch(&f->ch[ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ], b, read_bytes);
     uncover(f, k_off, k_pre, s);
     if (ssd) {
         f->res.bytes_to_ssd += s;
@@ -760,6 +763,10 @@ static uint64_t op_budget(void *p, int ch, uint64_t from, uint64_t to)
 static bool op_walk(void *p, int ch, bool offload, const tio_inactive_period *per, uint64_t *k)
 {
     const fast *f = p;
+    if (!offload && !tio_period_reads_back(per)) {
+        *k = per->next_use; /* a tail: nothing to read */
+        return true;
+    }
     return (offload ? ch_walk_offload : ch_walk_prefetch)(&f->ch[ch], per->last_use,
                                                           per->next_use, per->bytes, k);
 }

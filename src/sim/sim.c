@@ -3,7 +3,8 @@
  *
  * The compute stream runs kernels in order.  A plan's offload/prefetch
  * pair of one inactive period keeps the tensor off the device over
- * [k_off, k_pre); at kernel_begin(trigger) a migration is queued on its
+ * [k_off, k_pre) (a tail period's lone offload until the tensor is freed,
+ * with nothing read back); at kernel_begin(trigger) a migration is queued on its
  * channel (SSD or host, write or read).  A transfer needs latency + bytes /
  * bandwidth of its channel's time; a channel serves its queued transfers
  * earliest deadline first, preemptively (transfers move in chunks of a few
@@ -134,6 +135,8 @@ typedef struct {
     uint64_t off_k, pre_k, trigger_k, due_k; /* unwrapped, trigger in [0, n) */
     uint64_t bytes;
     tio_tier tier;
+    bool tail;               /* a lone offload in a tail period: away until the
+                                free (pre_k), nothing read back */
 } sim_pair;
 
 static int cmp_u32_trigger(const void *x, const void *y, void *ctx)
@@ -150,12 +153,16 @@ static int cmp_u32_trigger(const void *x, const void *y, void *ctx)
 }
 
 /* Pair each offload with the prefetch that follows it (cyclically) among
- * the same tensor's migrations. */
-int tio_sim_pairs(const tio_plan *plan, uint32_t n_tensors, sim_pair **out, uint32_t *n_out)
+ * the same tensor's migrations; an intermediate's last offload with no
+ * prefetch after it (a tail period, plan.h) stays away until the tensor is
+ * freed. */
+static int pair_migrations(const tio_plan *plan, const tio_trace *trace, sim_pair **out,
+                         uint32_t *n_out)
 {
+    uint32_t n_tensors = trace->n_tensors;
     uint32_t nm = plan->n_migrations, n = plan->n_kernels;
     uint32_t *idx = malloc(((size_t)nm + 1) * sizeof *idx);
-    sim_pair *pairs = malloc(((size_t)nm / 2 + 1) * sizeof *pairs);
+    sim_pair *pairs = malloc(((size_t)nm + 1) * sizeof *pairs); /* lone offloads: one each */
     if (!idx || !pairs) {
         free(idx);
         free(pairs);
@@ -179,10 +186,21 @@ int tio_sim_pairs(const tio_plan *plan, uint32_t n_tensors, sim_pair **out, uint
         uint32_t j = i;
         while (j < nm && plan->migrations[idx[j]].tensor == plan->migrations[idx[i]].tensor)
             j++;
-        uint32_t cnt = j - i, start = i;
+        uint32_t cnt = j - i, start = i, group_end = j;
+        const tio_migration *last = &plan->migrations[idx[j - 1]];
+        const tio_trace_tensor *tt = &trace->tensors[last->tensor];
+        if (cnt % 2 && last->kind == TIO_MIGRATION_OFFLOAD && !tt->global &&
+            tt->free_kernel > last->deadline_kernel && last->deadline_kernel >= last->trigger_kernel) {
+            pairs[np++] = (sim_pair){.tensor = last->tensor, .bytes = last->bytes,
+                                     .tier = last->tier, .trigger_k = last->trigger_kernel,
+                                     .off_k = last->deadline_kernel, .pre_k = tt->free_kernel,
+                                     .due_k = tt->free_kernel, .tail = true};
+            j--;
+            cnt--;
+        }
         while (start < j && plan->migrations[idx[start]].kind != TIO_MIGRATION_OFFLOAD)
             start++;
-        if (cnt % 2 || start == j) {
+        if (cnt > 0 && (cnt % 2 || start == j)) {
             rc = tio_fail(-EINVAL, "plan: tensor %u has unpaired offloads/prefetches",
                           plan->migrations[idx[i]].tensor);
             break;
@@ -197,6 +215,7 @@ int tio_sim_pairs(const tio_plan *plan, uint32_t n_tensors, sim_pair **out, uint
                 break;
             }
             sim_pair *sp = &pairs[np++];
+            *sp = (sim_pair){.tail = false};
             sp->tensor = o->tensor;
             sp->bytes = o->bytes;
             sp->tier = o->tier;
@@ -217,7 +236,7 @@ int tio_sim_pairs(const tio_plan *plan, uint32_t n_tensors, sim_pair **out, uint
                 break;
             }
         }
-        i = j;
+        i = group_end;
     }
     free(idx);
     if (rc) {
@@ -313,6 +332,8 @@ static int add_events(const sim_pair *pairs, uint32_t np, uint32_t n, sim_event 
             ev[ne++] = (sim_event){.issue_g = base + (int64_t)p->trigger_k,
                                    .due_g = base + (int64_t)p->off_k, .bytes = p->bytes,
                                    .channel = ssd ? TIO_CH_SSD_WRITE : TIO_CH_HOST_WRITE};
+            if (p->tail)
+                continue; /* nothing is read back */
             ev[ne++] = (sim_event){.issue_g = base + (int64_t)p->pre_k,
                                    .due_g = base + (int64_t)p->due_k, .bytes = p->bytes,
                                    .channel = ssd ? TIO_CH_SSD_READ : TIO_CH_HOST_READ};
@@ -505,7 +526,7 @@ int tio_sim_plan(const tio_trace *trace, const tio_lifetime *lt, const tio_hw *h
     uint64_t *mcurve = NULL;
     sim_event *ev = NULL;
     uint32_t ne = 0;
-    int rc = tio_sim_pairs(plan, trace->n_tensors, &pairs, &np);
+    int rc = pair_migrations(plan, trace, &pairs, &np);
     if (!rc)
         rc = planned_curve(lt, pairs, np, &mcurve);
     if (!rc)

@@ -461,6 +461,19 @@ static tio_trace *random_trace(uint64_t *seed)
             if (uses[i][k])
                 assert_int_equal(tio_trace_add_access(t, i, uses[i][k]), 0);
     }
+    /* Half the intermediates are held past their last use until a free
+     * kernel in (last use, n]: tail periods.  A seed of their own, so the
+     * rest of the draws stay as they were. */
+    uint64_t fs = *seed ^ 0x9e3779b97f4a7c15ull;
+    for (uint32_t i = 0; i < n_tensors; i++) {
+        uint32_t last = UINT32_MAX;
+        for (uint32_t k = 0; k < n_kernels; k++)
+            if (uses[i][k])
+                last = k;
+        if (!t->tensors[i].global && last != UINT32_MAX && last + 1 < n_kernels && lcg(&fs) % 2)
+            assert_int_equal(tio_trace_set_free_kernel(t, i, last + 2 +
+                                                       (uint32_t)(lcg(&fs) % (n_kernels - last - 1))), 0);
+    }
     return t;
 }
 
@@ -490,7 +503,7 @@ static void test_sim_random_properties(void **state)
 {
     (void)state;
     uint64_t seed = 777, host_seed = 4242;
-    uint32_t overflowed = 0, moved = 0, hosted = 0;
+    uint32_t overflowed = 0, moved = 0, hosted = 0, tails = 0;
     for (int iter = 0; iter < 400; iter++) {
         tio_trace *t = random_trace(&seed);
         tio_lifetime *lt;
@@ -575,9 +588,14 @@ static void test_sim_random_properties(void **state)
                     if (first && first->kind == TIO_MIGRATION_PREFETCH) /* wraps */
                         assert_true(prev->kind == TIO_MIGRATION_OFFLOAD &&
                                     prev->bytes == first->bytes && prev->tier == first->tier);
-                    else if (first)
-                        assert_true(prev->kind == TIO_MIGRATION_PREFETCH);
+                    else if (first && prev->kind == TIO_MIGRATION_OFFLOAD) { /* an intermediate's tail */
+                        assert_true(!t->tensors[tn].global && t->tensors[tn].free_kernel > 0);
+                        tails++;
+                    }
                 }
+                if (tio_plan_check(plan, t, lt))
+                    fail_msg("iteration %d, %s: %s", iter, tio_sim_strategy_name((tio_sim_strategy)s),
+                             tio_last_error());
                 /* bytes the planners moved on each channel fit bandwidth x the
                  * simulated iteration, which includes the stalls they plan */
                 uint64_t booked[TIO_CH_N] = {0};
@@ -616,6 +634,7 @@ static void test_sim_random_properties(void **state)
         tio_trace_destroy(t);
     }
     assert_true(moved > 50);
+    assert_true(tails > 20);
     assert_true(hosted > 10);
     assert_true(overflowed > 0);
 }
