@@ -12,9 +12,10 @@ batched by ``teraio.data.collate``.  With ``--offload C`` the step runs under
 ``teraio.torch.offload(model, optimizer, capacity=C)``: two profiled steps,
 then planned ones, with the losses of the run without it.  Prints one line
 per step (loss as an exact float) and, offloaded, what moved.  The capacity
-cannot go below the plan's working-set floor, 0.53 of the peak here: at
-AdamW's update of the tied 50257 x 256 embedding, the logits the loop still
-holds and the embedding's gradient count as unmovable (docs/runtime.md).
+cannot go below the plan's working-set floor, 0.40 of the peak here: what
+the loss's backward touches (three 2 x 128 x 50257 logits-sized tensors).
+What the loop holds after its last use (the tied embedding's gradient until
+``zero_grad``) moves out then (docs/runtime.md).
 """
 from __future__ import annotations
 

@@ -72,6 +72,13 @@ class Trace:
     def kernel_name(self, k: int) -> str:
         return self._p.contents.kernels[k].name.decode()
 
+    def kernel_accesses(self, k: int) -> list[tuple[int, int]]:
+        """Kernel k's accesses: (tensor id, READ | WRITE bits)."""
+        c = self._p.contents
+        kern = c.kernels[k]
+        return [(c.accesses[a].tensor, c.accesses[a].mode)
+                for a in range(kern.first_access, kern.first_access + kern.n_accesses)]
+
     def kernel_ns(self) -> list[int]:
         ks = self._p.contents.kernels
         return [ks[k].duration_ns for k in range(self.n_kernels)]
@@ -130,8 +137,10 @@ class Lifetime:
     @property
     def floor_bytes(self) -> int:
         """The working-set floor: no plan goes below it.  What a kernel
-        accesses plus what stays resident there with no later use (a tensor
-        after its last use until it is freed): >= max_active_bytes."""
+        accesses plus what stays resident there with no period to move it
+        in; a tensor held after its last use until it is freed moves in its
+        tail period, so this is max_active_bytes for every trace a
+        profiler makes (every tensor it has is accessed)."""
         return self._p.contents.floor_bytes
 
     @property
@@ -142,10 +151,10 @@ class Lifetime:
     def floor_tensors(self) -> list[dict]:
         """The tensors that make the working-set floor, at ``floor_kernel``:
         each ``{"tensor", "name", "kind", "bytes", "reason"}``, the largest
-        first, with reason "accessed" (the kernel reads or writes it), "held
-        after its last use" (the program holds it: a variable, a gradient
-        waiting for ``zero_grad``) or "never accessed" (a global no kernel
-        touches).  Their bytes sum to floor_bytes."""
+        first, with reason "accessed" (the kernel reads or writes it), or
+        one of the reasons lifetime.h keeps for what no period covers ("held
+        after its last use", "never accessed"), which a valid trace no
+        longer produces.  Their bytes sum to floor_bytes."""
         n = ctypes.c_uint32(0)
         L.check(L.tio_lifetime_floor_tensors(self.trace._p, self._p, None, 0, ctypes.byref(n)))
         buf = (L.FloorTensor * max(n.value, 1))()

@@ -8,8 +8,9 @@
  * active share is (the TERAIO paper's 1.7% observation), the tensor size
  * histogram and how many inactive periods are long enough to hide an SSD
  * round trip at the given bandwidths, and the tensors that make the
- * working-set floor (what its kernel accesses, what is held there after
- * its last use).  All numbers come from
+ * working-set floor (what its kernel accesses), and the tail periods (what
+ * the program holds after its last use, which a plan moves out).  All
+ * numbers come from
  * tio_lifetime_analyze / tio_lifetime_stats_compute; this file only parses
  * options and formats.
  */
@@ -62,6 +63,32 @@ typedef struct {
     bool json;
 } analyze_options;
 
+/* The tail periods (lifetime.h): how many, and the most bytes they hold at
+ * one kernel (what the floor would carry if they could not move). */
+static void tails(const tio_lifetime *lt, uint32_t *n, uint64_t *peak_bytes)
+{
+    *n = 0;
+    *peak_bytes = 0;
+    uint32_t nk = lt->n_kernels;
+    uint64_t *delta = calloc((size_t)nk + 1, sizeof *delta);
+    for (uint32_t i = 0; i < lt->n_periods; i++) {
+        const tio_inactive_period *p = &lt->periods[i];
+        if (!p->tail)
+            continue;
+        (*n)++;
+        if (delta) {
+            delta[p->last_use + 1] += p->bytes;
+            delta[p->next_use] -= p->bytes;
+        }
+    }
+    uint64_t now = 0;
+    for (uint32_t k = 0; delta && k < nk; k++) {
+        now += delta[k];
+        *peak_bytes = now > *peak_bytes ? now : *peak_bytes;
+    }
+    free(delta);
+}
+
 static void print_json(const analyze_options *o, const tio_trace *trace, const tio_lifetime *lt,
                        const tio_lifetime_stats *st, const tio_floor_tensor *floor, uint32_t n_floor)
 {
@@ -78,6 +105,10 @@ static void print_json(const analyze_options *o, const tio_trace *trace, const t
     printf(", \"peak_bytes\": %llu, \"peak_kernel\": %u", (unsigned long long)lt->peak_bytes,
            lt->peak_kernel);
     printf(", \"max_active_bytes\": %llu", (unsigned long long)lt->max_active_bytes);
+    uint32_t n_tails;
+    uint64_t tail_bytes;
+    tails(lt, &n_tails, &tail_bytes);
+    printf(", \"tail_periods\": %u, \"tail_peak_bytes\": %llu", n_tails, (unsigned long long)tail_bytes);
     if (lt->n_kernels > 0)
         printf(", \"max_active_kernel\": %u", lt->max_active_kernel);
     printf(", \"floor_bytes\": %llu, \"floor_kernel\": %u", (unsigned long long)lt->floor_bytes,
@@ -144,6 +175,12 @@ static void print_report(const analyze_options *o, const tio_trace *trace,
     }
     if (n_floor > FLOOR_SHOWN)
         printf("  ... and %u more tensors (--json lists them all)\n", n_floor - FLOOR_SHOWN);
+    uint32_t n_tails;
+    uint64_t tail_bytes;
+    tails(lt, &n_tails, &tail_bytes);
+    if (n_tails > 0)
+        printf("held after use    %u tensors in tail periods, up to %s at once: they move out "
+               "after their last use\n", n_tails, tio_format_bytes(tail_bytes, b1));
     printf("active share      mean %.2f%%, max %.2f%% of peak\n", 100 * st->mean_active_share,
            100 * st->max_active_share);
     printf("tensor sizes     ");

@@ -235,7 +235,12 @@ class Profiler:
     def _record_frees(self) -> None:
         """Each intermediate's free kernel, where it lies past the kernel
         after its last access: the kernel before which it died, or the
-        kernel count when it was still alive at the end."""
+        kernel count when it was still alive at the end.  A plan may move a
+        storage out after its last access (a tail period, lifetime.h), but
+        not one a collective was the last to touch: its buffer is another
+        thread's (gloo's worker) until the collective completes, which no
+        later kernel shows.  Such a storage is counted as accessed by every
+        kernel until its free, so it stays resident, as it must."""
         n = len(self._kernels)
         last = {}
         for k, (_, _, acc) in enumerate(self._kernels):
@@ -243,8 +248,12 @@ class Profiler:
                 last[i] = k
         for i, t in enumerate(self._tensors):
             freed = self._freed.get(i, n)
-            if not t[2] and i in last and freed > last[i] + 1:
-                t.append(freed)
+            if t[2] or i not in last or freed <= last[i] + 1:
+                continue
+            t.append(freed)
+            if self._kernels[last[i]][0].startswith("c10d."):
+                for k in range(last[i] + 1, freed):
+                    self._kernels[k][2].append((i, READ))
 
     def _drop_untouched(self) -> None:
         """A trace holds only tensors its kernels access, so a global tensor
