@@ -50,11 +50,19 @@ extern "C" {
  * in *addr; release: free the tensor's memory (its bytes are stored).
  * Both return 0 or a negative errno; a release that fails leaves the tensor
  * resident, and it is never evicted again (memory the framework can no
- * longer free, such as a storage shared with numpy). */
+ * longer free, such as a storage shared with numpy).
+ * check (optional, NULL: skipped): called before an eviction writes the
+ * tensor's `bytes` at `addr`; returns 0 if that is still its memory, 1 if
+ * the framework changed it without the adapter seeing an operator (PyTorch
+ * FSDP2 frees and re-allocates its unsharded parameters with
+ * storage.resize_): the pager then forgets the slot, as tio_pager_forget,
+ * without writing, and the adapter tracks that memory anew when it is next
+ * used; a negative errno fails the eviction. */
 typedef struct {
     void *ctx;
     int (*allocate)(void *ctx, uint32_t slot, uint64_t bytes, void **addr);
     int (*release)(void *ctx, uint32_t slot);
+    int (*check)(void *ctx, uint32_t slot, void *addr, uint64_t bytes);
 } tio_pager_callbacks;
 
 typedef struct {

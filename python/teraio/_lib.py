@@ -350,9 +350,12 @@ tio_runtime_tensor_detach = _fn("tio_runtime_tensor_detach", c_int, c_void_p, c_
                                 POINTER(Extent))
 
 
+CHECK_FN = CFUNCTYPE(c_int, c_void_p, c_uint32, c_void_p, c_uint64)
+
+
 class PagerCallbacks(Structure):
     _c_name = "tio_pager_callbacks"
-    _fields_ = [("ctx", c_void_p), ("allocate", ALLOCATE_FN), ("release", RELEASE_FN)]
+    _fields_ = [("ctx", c_void_p), ("allocate", ALLOCATE_FN), ("release", RELEASE_FN), ("check", CHECK_FN)]
 
 
 class PagerStats(Structure):

@@ -131,12 +131,25 @@ static void push_head(tio_pager *p, uint32_t s)
     x->listed = true;
 }
 
+static void forget_slot(tio_pager *p, uint32_t s);
+
 /* Evict slot s: write its bytes, then release its memory.  Returns 0, 1
- * (the memory cannot be released: the slot is now unmovable, resident), or
- * a negative error. */
+ * (the memory cannot be released: the slot is now unmovable, resident), 2
+ * (the adapter's check says the memory is no longer the slot's: forgotten),
+ * or a negative error. */
 static int evict(tio_pager *p, uint32_t s)
 {
     pg_slot *x = &p->slots[s];
+    if (p->cb.check) {
+        int rc = p->cb.check(p->cb.ctx, s, x->addr, x->bytes);
+        if (rc < 0)
+            return tio_fail(rc, "pager: checking slot %u before evicting it failed: %s", s,
+                            tio_strerror(rc));
+        if (rc == 1) {
+            forget_slot(p, s);
+            return 2;
+        }
+    }
     if (!x->has_extent) {
         int rc = tio_engine_alloc(p->engine, x->bytes, &x->extent);
         if (rc < 0)
@@ -325,6 +338,21 @@ int tio_pager_track_stored(tio_pager *p, uint64_t bytes, const tio_extent *exten
     return 0;
 }
 
+static void forget_slot(tio_pager *p, uint32_t s)
+{
+    pg_slot *x = &p->slots[s];
+    unlink_slot(p, s);
+    if (x->resident)
+        p->stats.resident_bytes -= x->bytes;
+    if (x->has_extent)
+        tio_engine_free(p->engine, &x->extent);
+    x->has_extent = false;
+    p->stats.tracked_bytes -= x->bytes;
+    x->used = false;
+    x->next = p->free_head;
+    p->free_head = s;
+}
+
 int tio_pager_forget(tio_pager *p, uint32_t slot)
 {
     int rc = check_thread(p, "tio_pager_forget");
@@ -332,16 +360,7 @@ int tio_pager_forget(tio_pager *p, uint32_t slot)
         rc = check_slot(p, slot, "tio_pager_forget");
     if (rc < 0)
         return rc;
-    pg_slot *x = &p->slots[slot];
-    unlink_slot(p, slot);
-    if (x->resident)
-        p->stats.resident_bytes -= x->bytes;
-    if (x->has_extent)
-        tio_engine_free(p->engine, &x->extent);
-    p->stats.tracked_bytes -= x->bytes;
-    x->used = false;
-    x->next = p->free_head;
-    p->free_head = slot;
+    forget_slot(p, slot);
     return 0;
 }
 

@@ -105,3 +105,40 @@ def test_free_kernel_records_when_a_tensor_is_really_freed(tmp_path):
         [trace.tensor_free_kernel(i) for i in range(trace.n_tensors)]
     assert (tmp_path / "t.tio").read_text().startswith("teraio-trace 3\n")
     del kept
+
+
+def test_a_storage_resized_without_an_operator_is_not_written_from_freed_memory(tmp_path):
+    """FSDP2 frees its unsharded parameters with untyped_storage().resize_(0),
+    which no dispatch mode sees, and brings them back the same way.  The
+    profiled steps' pager tracked such a storage at its old address; evicting
+    it wrote the freed (unmapped) memory, and the README's FSDP2 example
+    died of SIGSEGV in its first profiled step.  Now the pager asks before it
+    writes: the resized storage is forgotten, not evicted, and tracked anew
+    when an operator uses it again."""
+    from teraio.core import Engine
+    from teraio.torch.pager import Pager
+    from teraio.torch.session import return_freed_memory
+    return_freed_memory()   # released blocks go back to the OS: a stale read faults
+    engine = Engine([str(tmp_path)], 64 << 20)
+    pager = Pager(engine, capacity_bytes=1 << 20)
+    pager.begin_step()
+    gathered = torch.ones(128 * 1024)           # 512 KiB, the "unsharded parameter"
+    pager.kernel_begin()
+    pager.track(gathered.untyped_storage())
+    gathered.untyped_storage().resize_(0)       # freed behind the pager's back
+    pager.kernel_begin()
+    other = torch.full((192 * 1024,), 2.0)      # 768 KiB: room must be made
+    pager.reserve(other.untyped_storage().nbytes())
+    pager.track(other.untyped_storage())
+    s = pager.stats()
+    assert s["evictions"] == 0 and s["tracked_bytes"] == other.untyped_storage().nbytes(), s
+    gathered.untyped_storage().resize_(128 * 1024 * 4)   # brought back, then written
+    pager.kernel_begin()
+    pager.use(gathered.untyped_storage())
+    gathered.fill_(3.0)
+    pager.kernel_begin()
+    pager.use(other.untyped_storage())          # evicts `gathered`, now at its new address
+    assert pager.stats()["evictions"] >= 2 and not gathered.untyped_storage().nbytes()
+    pager.fetch_all()
+    assert torch.equal(gathered, torch.full((128 * 1024,), 3.0)) and torch.equal(other, torch.full((192 * 1024,), 2.0))
+    pager.close()

@@ -159,7 +159,8 @@ class Pager:
         self._addr: dict[int, int | None] = {}           # slot -> data_ptr while resident
         self._alloc_cb = L.ALLOCATE_FN(L.callback(self._allocate))
         self._release_cb = L.RELEASE_FN(L.callback(self._release))
-        self._cbs = L.PagerCallbacks(None, self._alloc_cb, self._release_cb)
+        self._check_cb = L.CHECK_FN(L.callback(self._check))
+        self._cbs = L.PagerCallbacks(None, self._alloc_cb, self._release_cb, self._check_cb)
         self._p = ctypes.c_void_p()
         L.check(L.tio_pager_create(engine._p, capacity_bytes, capacity_share, ctypes.byref(self._cbs),
                                    ctypes.byref(self._p)))
@@ -192,6 +193,28 @@ class Pager:
             except RuntimeError:
                 return -1
         return 0
+
+    def _check(self, ctx, slot, addr, nbytes):
+        """Before an eviction: is `slot`'s storage still `nbytes` at `addr`?
+        A program can resize a storage without an operator the profiler
+        sees (FSDP2 frees its unsharded parameters with
+        ``untyped_storage().resize_(0)`` and brings them back the same way):
+        writing the old bytes would read freed memory.  Then the slot is
+        forgotten here (the pager forgets it in C) and the storage is
+        tracked anew at its next use."""
+        ref = self._storage.get(slot)
+        st = ref() if ref else None
+        if st is not None and st.nbytes() == nbytes and st.data_ptr() == addr:
+            return 0
+        if st is not None and self._slot.get(st._cdata) == slot:
+            del self._slot[st._cdata]
+        for d in (self._storage, self._bytes, self._addr):
+            d.pop(slot, None)
+        self._global.discard(slot)
+        self._pinned.discard(slot)
+        if slot in self._dead:
+            self._dead.remove(slot)
+        return 1
 
     # -- tracking ---------------------------------------------------------------
     def _died(self, key: int, slot: int) -> None:
