@@ -75,7 +75,9 @@ def test_free_kernel_records_when_a_tensor_is_really_freed(tmp_path):
     right after its last access, while a Python variable (or autograd, or
     the caller) held it longer, so the runtime measured more than planned.
     The profiler now records the kernel before which each storage died, and
-    M[k] counts it until then."""
+    M[k] counts it until then.  A storage still alive when the step ends
+    (`first`, which the caller keeps) is brought back then, so the trace has
+    the last kernel access it (issue 24: a plan reads it back in time)."""
     w = torch.nn.Parameter(torch.ones(256))
     prof = Profiler(torch.nn.ParameterList([w]))
 
@@ -94,7 +96,9 @@ def test_free_kernel_records_when_a_tensor_is_really_freed(tmp_path):
     trace = prof.save(str(tmp_path / "t.tio"))
     assert trace.n_kernels == 7
     frees = sorted(trace.tensor_free_kernel(i) for i in range(trace.n_tensors))
-    assert [f for f in frees if f] == [4, 5, 7]  # kernel 1's output, `held`, `first`
+    assert [f for f in frees if f] == [4, 5]  # kernel 1's output, `held`
+    first = 3   # w is tensor 0, then each kernel's output in order: kernel 2's
+    assert (first, 1) in trace.kernel_accesses(6) and trace.tensor_free_kernel(first) == 0
     assert all(trace.tensor_bytes(i) == 1024 for i in range(trace.n_tensors) if trace.tensor_free_kernel(i))
     # At kernel 4: w, `held`, `first`, kernel 3's and kernel 4's outputs,
     # 1 KiB each; taken as freed at their last access, `held` and `first`

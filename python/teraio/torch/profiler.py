@@ -234,21 +234,36 @@ class Profiler:
 
     def _record_frees(self) -> None:
         """Each intermediate's free kernel, where it lies past the kernel
-        after its last access: the kernel before which it died, or the
-        kernel count when it was still alive at the end.  A plan may move a
-        storage out after its last access (a tail period, lifetime.h), but
-        not one a collective was the last to touch: its buffer is another
-        thread's (gloo's worker) until the collective completes, which no
-        later kernel shows.  Such a storage is counted as accessed by every
-        kernel until its free, so it stays resident, as it must."""
+        after its last access: the kernel before which it died (the kernel
+        count when it died after the last kernel, inside the step).  A plan
+        may move a storage out after its last access for good (a tail
+        period, lifetime.h), with two exceptions, which the trace counts as
+        accesses instead:
+
+        * a storage still alive when the step ends (the loss, the batch, a
+          variable the loop keeps, gradients under ``zero_grad()`` called
+          first) is brought back then (tio_runtime_iteration_end), so the
+          last kernel accesses it: a plan reads it back in time, and
+          nothing is read on demand at the end;
+        * a storage a collective touched last is another thread's (gloo's
+          worker) until the collective completes, which no later kernel
+          shows: every kernel until its free accesses it, so it stays
+          resident.
+        """
         n = len(self._kernels)
         last = {}
         for k, (_, _, acc) in enumerate(self._kernels):
             for i, _ in acc:
                 last[i] = k
         for i, t in enumerate(self._tensors):
-            freed = self._freed.get(i, n)
-            if t[2] or i not in last or freed <= last[i] + 1:
+            if t[2] or i not in last:
+                continue
+            freed = self._freed.get(i)
+            if freed is None:   # alive at the end of the step
+                if last[i] < n - 1:
+                    self._kernels[n - 1][2].append((i, READ))
+                continue
+            if freed <= last[i] + 1:
                 continue
             t.append(freed)
             if self._kernels[last[i]][0].startswith("c10d."):
