@@ -47,12 +47,21 @@ def child(role: str, args, extra: list[str], cgroup=None, may_be_killed: bool = 
 # memory limit (docs/runtime.md, "The profiled steps keep the capacity").
 LIMIT_OVERHEAD_BYTES = 32 << 20
 
+# The capacity of the run inside the memory limit, as a share of run A's
+# peak (or --capacity-fraction where that is lower).  At half the peak
+# the limit that run B needs lay within 10-40 MiB of the one run A lives
+# through by giving up library pages (measured 2026-12-04: A killed at 520
+# MiB, lived at 552; B at 0.5 needed 542), so A's fate was a coin toss; at
+# a quarter B needs about 100 MiB less (peak 436 MiB in that cgroup).
+LIMIT_CAPACITY_SHARE = 0.25
+
 
 def limited_runs(args, a: dict, capacity: int, cg) -> dict:
-    """Runs A and B again inside a memory limit that run A does not fit in:
-    first halfway between run A's peak (the cgroup's count) and what run B
-    needs (run A's memory before its first step, plus the capacity, plus the
-    stated overhead).  The cgroup's count includes page cache and the pages
+    """Runs A and B again inside a memory limit that run A does not fit in,
+    run B (as run L) at `capacity` (LIMIT_CAPACITY_SHARE of the peak): the
+    limit is first halfway between run A's peak (the cgroup's count) and
+    what run L needs (run A's memory before its first step, plus the
+    capacity, plus the stated overhead).  The cgroup's count includes page cache and the pages
     of mapped libraries, which the kernel reclaims at the limit before it
     kills: where run A lives through the halfway limit that way, the limit is
     lowered to what run B needs and run A runs again.  Run A is expected to
@@ -61,7 +70,8 @@ def limited_runs(args, a: dict, capacity: int, cg) -> dict:
     peak_a = cg.peak_bytes()
     need_b = a["cgroup_before_bytes"] + capacity + LIMIT_OVERHEAD_BYTES
     limit = (peak_a + need_b) // 2
-    out = {"cgroup_version": cg.version, "limit_bytes": limit, "peak_a_bytes": peak_a, "need_b_bytes": need_b}
+    out = {"cgroup_version": cg.version, "limit_bytes": limit, "peak_a_bytes": peak_a, "need_b_bytes": need_b,
+           "capacity_bytes": capacity, "capacity_share": capacity / a["peak_bytes"]}
     if peak_a - need_b < 2 * LIMIT_OVERHEAD_BYTES:
         # At the limit the kernel first reclaims page cache, so run A needs a margin to be killed.
         out["skipped"] = (f"run A's peak ({peak_a / 2**20:.1f} MiB in the cgroup) is less than "
@@ -144,7 +154,8 @@ def parent(args) -> int:
     try:
         a = child("A", args, [], cgroup=cg)
         capacity = int(a["peak_bytes"] * args.capacity_fraction)
-        limited = limited_runs(args, a, capacity, cg) if cg is not None else {"skipped": no_limit}
+        limit_capacity = int(a["peak_bytes"] * min(args.capacity_fraction, LIMIT_CAPACITY_SHARE))
+        limited = limited_runs(args, a, limit_capacity, cg) if cg is not None else {"skipped": no_limit}
         b = child("B", args, ["--capacity-bytes", str(capacity)])
     finally:
         if cg is not None:
