@@ -1,4 +1,5 @@
 """teraio.torch.OffloadRuntime: training with offloading gives identical results."""
+import contextlib
 import importlib
 import subprocess
 import sys
@@ -473,3 +474,79 @@ def test_fruitless_waits_stop_at_the_iteration_budget(ssd_dir, monkeypatch):
     rt.close()
     assert calls == [] and stats["frees_waited"] == 0
     assert stats["over_capacity_kernels"] > 0
+
+
+def test_a_storage_the_program_frees_with_resize_is_not_written_from_freed_memory(ssd_dir, tmp_path):
+    """FSDP2 frees its unsharded parameters with untyped_storage().resize_(0)
+    after their forward and re-allocates them the same way for the backward;
+    no dispatch mode sees either.  A plan's offload in that gap wrote the
+    freed memory (measured under the README's FSDP2 example: every planned
+    step released storages that were already 0 bytes; from 64 KiB on, freed
+    memory is unmapped).  Now the runtime checks each storage before the
+    kernel that starts its write: the freed one is unbound, and bound again
+    at its next use.  A plan that moves exactly that storage over exactly
+    that gap; the losses stay the plain run's."""
+    from teraio.torch.runtime import OffloadRuntime as RT
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(256, 256))
+    start = w.detach().clone()
+    opt = torch.optim.SGD([w], lr=0.01)
+    gathered = torch.empty(16, 256, 256)       # 4 MiB, lives across steps, as FSDP2's unsharded parameter
+
+    def step():
+        gathered.untyped_storage().resize_(16 * 256 * 256 * 4)   # "all-gather" into it
+        with torch.no_grad():
+            gathered.copy_(w.expand(16, 256, 256))
+        s1 = gathered.sum()
+        y = torch.tanh(w @ w)
+        gathered.untyped_storage().resize_(0)                     # freed after the forward
+        z = [torch.sin(y * i).sum() for i in range(6)]
+        gathered.untyped_storage().resize_(16 * 256 * 256 * 4)   # re-gathered for the backward
+        with torch.no_grad():
+            gathered.copy_(w.expand(16, 256, 256))
+        loss = (sum(z) + y.sum()) / 1e4 + (s1 + gathered.sum()) * 0
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    plain = [step() for _ in range(5)]
+    plain_w = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(start)
+    prof = Profiler(torch.nn.ParameterList([w]), opt)
+    losses = []
+    for _ in range(2):
+        with prof.iteration():
+            losses.append(step())
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    g = next(i for i in range(trace.n_tensors) if trace.tensor_bytes(i) == 4 << 20)
+    uses = [k for k in range(trace.n_kernels) if any(i == g for i, _ in trace.kernel_accesses(k))]
+    a, b = uses[1], uses[2]                    # its sum in the forward, its copy_ after the gap
+    k = next(k for k in range(a, b) if trace.kernel_name(k) == "aten.mul.Tensor")  # y * 0, after the free
+    (tmp_path / "p.plan").write_text(f"teraio-plan 1\nkernels {trace.n_kernels} tensors {trace.n_tensors} "
+                                     f"capacity {lt.peak_bytes}\noffload {g} {k} {k + 1} ssd {4 << 20}\n"
+                                     f"prefetch {g} {b - 1} {b} ssd {4 << 20}\n")
+    plan = Plan.load(str(tmp_path / "p.plan"), trace, lt)
+    stale = []
+    real = RT._release
+
+    def release(self, ctx, tensor):
+        st = self._storage(tensor)
+        if st is not None and st.nbytes() != self._trace_bytes[tensor]:
+            stale.append(tensor)
+        return real(self, ctx, tensor)
+
+    engine = Engine([ssd_dir], space_bytes=64 << 20)
+    rt = OffloadRuntime(torch.nn.ParameterList([w]), opt, trace, plan, engine)
+    RT._release = release
+    try:
+        for _ in range(3):
+            with rt.iteration():
+                losses.append(step())
+    finally:
+        RT._release = real
+    rt.close()
+    assert losses == plain and torch.equal(w.detach(), plain_w)
+    assert not stale, stale

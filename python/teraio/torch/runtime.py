@@ -147,6 +147,8 @@ class _Mode(TorchDispatchMode):
             held = L.check(L.tio_runtime_held_past_free(rt._p, k, None, 0))
             if held != rt._held_known:
                 rt._let_threads_free(k, held)
+            if k in rt._offload_at:
+                rt._check_offloads(k)
             if L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode())) == 1:
                 rt.diverged = True
                 if rt._start_paging():
@@ -246,6 +248,12 @@ class OffloadRuntime:
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
         self._trace_bytes = [trace.tensor_bytes(i) for i in range(trace.n_tensors)]  # read per operator
+        self._offload_at: dict[int, list[int]] = {}   # kernel -> tensors whose offload starts there
+        for m in plan.migrations():
+            if m["kind"] == "offload":
+                self._offload_at.setdefault(m["trigger"], []).append(m["tensor"])
+        self._addr: dict[int, int] = {}               # id -> the address the C runtime has
+        self._freed_by_program: set[int] = set()      # ids unbound by _check_offloads
         # The C engine, which the C runtime keeps alive (tio_engine_retain) even after the
         # Engine object is closed: the pagers of diverged iterations work over it.
         self._engine_c = _EngineHandle(engine._p) if engine is not None else None
@@ -331,7 +339,7 @@ class OffloadRuntime:
         except RuntimeError:
             return -12  # -ENOMEM
         self._released.discard(tensor)
-        addr[0] = st.data_ptr()
+        addr[0] = self._addr[tensor] = st.data_ptr()
         return 0
 
     def _release(self, ctx, tensor):
@@ -392,8 +400,37 @@ class OffloadRuntime:
             return True
         if L.check(L.tio_runtime_tensor_bind(self._p, i, st.data_ptr(), st.nbytes())) == 0:
             self._bound[i] = (st._cdata, weakref.ref(st))
+            self._addr[i] = st.data_ptr()
             return True
         return False
+
+    def _check_offloads(self, k: int) -> None:
+        """Before kernel_begin(k) starts the writes the plan has there: is
+        each storage still the memory the C runtime has?  A program can
+        resize a storage with no operator the mode sees: FSDP2 frees its
+        unsharded parameters with ``untyped_storage().resize_(0)`` after
+        their forward and re-allocates them the same way for the backward.
+        Writing the old address would read freed memory (unmapped, from 64
+        KiB on).  A storage re-allocated at its size is bound at its new
+        address; one the program freed is unbound (its bytes are gone: the
+        program said so) and bound again when an operator next uses it at
+        the trace's size."""
+        for i in self._offload_at[k]:
+            b = self._bound.get(i)
+            st = b[1]() if b is not None else None
+            if st is None or i in self._released:
+                continue
+            nbytes, addr = st.nbytes(), st.data_ptr()
+            if nbytes == self._trace_bytes[i] and addr == self._addr.get(i):
+                continue
+            if nbytes == self._trace_bytes[i]:
+                L.check(L.tio_runtime_tensor_bind(self._p, i, addr, nbytes))
+                self._addr[i] = addr
+                continue
+            del self._bound[i]
+            self._addr.pop(i, None)
+            L.check(L.tio_runtime_tensor_unbind(self._p, i))
+            self._freed_by_program.add(i)
 
     def _bind_globals(self, pager=None) -> None:
         """Bind every global tensor the trace names whose storage is not the
@@ -450,6 +487,9 @@ class OffloadRuntime:
         if b is not None and b[0] == key:
             # Offloaded, or a prefetch still in flight: wait (a stall).
             L.check(L.tio_runtime_ensure_resident(self._p, i, None))
+        elif b is None and i in self._freed_by_program and st.nbytes() == self._trace_bytes[i]:
+            self._freed_by_program.discard(i)   # re-allocated by the program (_check_offloads)
+            self._bind(i, st)
 
     def _new(self, st) -> None:
         """Storage `st` is first seen in this iteration (made by an operator,
