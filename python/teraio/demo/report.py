@@ -78,12 +78,13 @@ def report_limit(limited: dict | None) -> bool:
         return True
     lim = limited["limit_bytes"]
     if "a_survived_halfway_bytes" in limited and lim == limited["need_b_bytes"]:
-        say(f"  memory limit (cgroup v{limited['cgroup_version']})        {mib(lim)}: what teraio's run needs (run A lived "
+        say(f"  memory limit (cgroup v{limited['cgroup_version']})        {mib(lim)}: what teraio's run (run L) needs (run A lived "
             f"through {mib(limited['a_survived_halfway_bytes'])}, halfway between its peak "
             f"{mib(limited['peak_a_bytes'])} and that, by giving up page cache and library pages)")
     else:
         say(f"  memory limit (cgroup v{limited['cgroup_version']})        {mib(lim)}: halfway between run A's peak "
-            f"{mib(limited['peak_a_bytes'])} and what teraio's run needs, {mib(limited['need_b_bytes'])}")
+            f"{mib(limited['peak_a_bytes'])} (the cgroup's count, not RSS: page cache in, library pages "
+            f"cached before out) and what teraio's run (run L) needs, {mib(limited['need_b_bytes'])}")
     say(f"    teraio's capacity there       {mib(limited['capacity_bytes'])} (x{limited['capacity_share']:.2f})")
     a_says = ("killed by the kernel (over the limit)" if limited["a_killed"] else
               "NOT killed: the kernel reclaimed page cache and library pages instead, so this limit does not "
