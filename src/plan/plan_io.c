@@ -506,17 +506,26 @@ static const tio_inactive_period *tail_of(const tio_lifetime *lt, uint32_t t)
 }
 
 /* An offload with no prefetch: it must be the last of an intermediate
- * tensor, inside its tail period (so after every other pair of the tensor,
- * which lie in earlier periods).  Its ranges go to the difference arrays. */
+ * tensor, inside its tail period, and issued after the prefetch of the
+ * tensor's pair before it is due (`after`, the largest prefetch deadline of
+ * the tensor, or -1): a pair may lie in the tail period too, and an offload
+ * issued while the tensor is away or arriving is skipped by the runtime.
+ * Its ranges go to the difference arrays. */
 static int lone_offload(const tio_plan *plan, const tio_lifetime *lt, const edge *x,
-                        uint64_t *resident, uint64_t *host)
+                        int64_t after, uint64_t *resident, uint64_t *host)
 {
     const tio_migration *o = &plan->migrations[x->index];
     const tio_inactive_period *per = tail_of(lt, o->tensor);
     if (!per || o->trigger_kernel <= per->last_use || o->deadline_kernel < o->trigger_kernel ||
         o->deadline_kernel >= per->next_use)
-        return tio_fail(TIO_EPARSE, "offload of tensor %u (deadline kernel %u) has no "
-                        "matching prefetch", o->tensor, o->deadline_kernel);
+        return tio_fail(TIO_EPARSE, "offload of tensor %u (trigger %u, deadline %u) has no matching "
+                        "prefetch, and is no lone offload of a tail period either (an "
+                        "intermediate's, issued after its last use, due before its free)",
+                        o->tensor, o->trigger_kernel, o->deadline_kernel);
+    if ((int64_t)o->trigger_kernel <= after)
+        return tio_fail(TIO_EPARSE, "offload of tensor %u issued at kernel %u overlaps its "
+                        "earlier prefetch due at kernel %lld (the tensor must be back first)",
+                        o->tensor, o->trigger_kernel, (long long)after);
     add_range(resident, plan->n_kernels, o->deadline_kernel, per->next_use, o->bytes);
     if (o->tier == TIO_TIER_HOST)
         add_range(host, plan->n_kernels, o->trigger_kernel, per->next_use, o->bytes);
@@ -534,7 +543,12 @@ static int pair_tensor(const tio_plan *plan, const tio_lifetime *lt, const edge 
     uint32_t n = plan->n_kernels;
     if (m % 2 && e[m - 1].kind == TIO_MIGRATION_OFFLOAD && tail_of(lt, e[m - 1].tensor)) {
         int rc = m > 1 ? pair_tensor(plan, lt, e, m - 1, resident, host, spans) : 0;
-        return rc ? rc : lone_offload(plan, lt, &e[m - 1], resident, host);
+        int64_t after = -1;
+        for (uint32_t i = 0; i + 1 < m; i++)
+            if (e[i].kind == TIO_MIGRATION_PREFETCH &&
+                (int64_t)plan->migrations[e[i].index].deadline_kernel > after)
+                after = plan->migrations[e[i].index].deadline_kernel;
+        return rc ? rc : lone_offload(plan, lt, &e[m - 1], after, resident, host);
     }
     for (uint32_t i = 0; i < m; i++) {
         const edge *x = &e[i], *y = &e[(i + 1) % m];

@@ -79,3 +79,34 @@ def test_synchronous_plan_runs_with_identical_losses(tmp_path, reference_losses,
     rt.close()
     assert losses == ref_losses
     assert not stats["diverged"] and stats["bytes_offloaded"] > 0
+
+
+@pytest.mark.parametrize("plan, error", [
+    ("offload 1 1 1 ssd 4000\nprefetch 1 2 2 ssd 4000\noffload 1 3 4 ssd 4000\n", None),
+    ("offload 1 1 4 ssd 4000\n", None),
+    # issued while the tensor is away (prefetch due at 3) or arriving (due at 2, the same kernel)
+    ("offload 1 1 1 ssd 4000\nprefetch 1 3 3 ssd 4000\noffload 1 2 4 ssd 4000\n", "must be back first"),
+    ("offload 1 1 1 ssd 4000\nprefetch 1 2 2 ssd 4000\noffload 1 2 4 ssd 4000\n", "must be back first"),
+    ("offload 1 0 1 ssd 4000\n", "no lone offload of a tail period"),   # before the last use ends
+    ("offload 1 1 6 ssd 4000\n", "kernel index below 6"),               # due past the end
+    ("offload 1 3 5 ssd 4000\noffload 1 4 5 ssd 4000\n", "no matching prefetch"),           # two
+    ("offload 0 1 2 ssd 1000\n", "no matching prefetch"),               # a global tensor: no tail
+])
+def test_a_lone_offload_only_in_a_tail_period(tmp_path, plan, error):
+    """Issue 24 item 6: an intermediate held after its last use (kernel 0)
+    until its free (before kernel 6) may be moved out with an offload and no
+    prefetch, and only so: after the last use, before the free, once the
+    tensor is back from an earlier pair (the breaker's case: an offload
+    issued while the tensor was still away was accepted, and the runtime
+    skipped it, so the planned curve was wrong)."""
+    trace = Trace.build("tail", [(1000, "parameter", True, "w"), (4000, "activation", False, "a", 6)],
+                        [("k0", 100, [(0, 1), (1, 2)])] + [(f"k{k}", 100, [(0, 1)]) for k in range(1, 6)])
+    lt = Lifetime(trace)
+    path = tmp_path / "p.plan"
+    path.write_text(f"teraio-plan 1\nkernels 6 tensors 2 capacity 5000\n{plan}")
+    if error is None:
+        p = Plan.load(str(path), trace, lt)
+        assert p.planned_curve()[5] == 1000  # `a` away at the end, never read back
+        return
+    with pytest.raises(Exception, match=error):
+        Plan.load(str(path), trace, lt)
