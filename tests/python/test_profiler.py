@@ -1,4 +1,6 @@
 """teraio.torch.Profiler: the trace matches what the program actually did."""
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -146,3 +148,35 @@ def test_a_storage_resized_without_an_operator_is_not_written_from_freed_memory(
     pager.fetch_all()
     assert torch.equal(gathered, torch.full((128 * 1024,), 3.0)) and torch.equal(other, torch.full((192 * 1024,), 2.0))
     pager.close()
+
+
+def test_random_numbers_in_a_profiled_step_are_the_programs(tmp_path):
+    """The profiled steps' pager sizes an operator's outputs from its meta
+    kernel before it runs.  A factory has no tensor argument to make meta,
+    so randn ran for real there and drew the program's random numbers: the
+    first profiled step's randn gave other values than the plain run's, and
+    a loop with input noise trained differently (the breaker's case)."""
+    import teraio.torch
+
+    def run(off_options):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(64, 64))
+        opt = torch.optim.SGD([w], lr=0.1)
+        off = teraio.torch.offload(torch.nn.ParameterList([w]), opt, **off_options) if off_options else None
+        out = []
+        for _ in range(4):
+            with off.step() if off else contextlib.nullcontext():
+                g = torch.Generator().manual_seed(0)
+                x = torch.randn(32, 64) + torch.randn(32, 64, generator=g)
+                loss = torch.tanh(x @ w).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            out.append(loss.item())
+        if off:
+            off.close()
+        return out, w.detach().clone()
+
+    plain = run(None)
+    offloaded = run({"capacity": 0.8, "ssd": [str(tmp_path)]})
+    assert offloaded[0] == plain[0] and torch.equal(offloaded[1], plain[1])

@@ -96,6 +96,15 @@ def new_output_bytes(func, args, kwargs) -> int:
     return n
 
 
+def _flat(x):
+    """The leaves of nested lists, tuples and dicts."""
+    if isinstance(x, (list, tuple)):
+        return [y for v in x for y in _flat(v)]
+    if isinstance(x, dict):
+        return [y for v in x.values() for y in _flat(v)]
+    return [x]
+
+
 def meta_output_bytes(func, args, kwargs) -> int:
     """The bytes of the new storages operator `func` allocates for its outputs
     (those its schema does not declare aliases of an input), from its meta
@@ -114,7 +123,16 @@ def meta_output_bytes(func, args, kwargs) -> int:
     if alias_only:
         return 0
     try:
-        out = func(*_meta(args), **_meta(kwargs))
+        margs, mkwargs = _meta(args), _meta(kwargs)
+        if not any(isinstance(x, torch.Tensor) for x in (*_flat(args), *_flat(kwargs))):
+            # A factory (randn, full, arange): nothing makes it meta but its device, and run
+            # for real it would draw the program's random numbers (the breaker's case: the
+            # first profiled step's randn gave other values than the plain run's).
+            if not any(a.name == "device" for a in func._schema.arguments):
+                return 0
+            mkwargs = {k: v for k, v in mkwargs.items() if k != "generator"}
+            mkwargs["device"] = "meta"
+        out = func(*margs, **mkwargs)
     except Exception:  # noqa: BLE001 (no meta kernel, a data-dependent shape, ...)
         return 0
     returns = func._schema.returns
