@@ -180,3 +180,62 @@ def test_random_numbers_in_a_profiled_step_are_the_programs(tmp_path):
     plain = run(None)
     offloaded = run({"capacity": 0.8, "ssd": [str(tmp_path)]})
     assert offloaded[0] == plain[0] and torch.equal(offloaded[1], plain[1])
+
+
+_COLLECTIVE_JOB = r'''
+import json, os, socket, sys, torch, torch.distributed as dist
+import teraio.torch
+torch.set_num_threads(1)
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+def run(off_options):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    off = teraio.torch.offload(m, opt, **off_options) if off_options else None
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(8):
+        x = torch.randn(32, 256, generator=g)
+        with off.step() if off else torch.enable_grad():
+            loss = m(x).square().mean()
+            loss.backward()
+            for p in m.parameters():
+                dist.all_reduce(p.grad)
+            opt.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+    r = off.report() if off else {}
+    if off:
+        off.close()
+    return losses, {k: r.get(k) for k in ("planned_iterations", "reprofiles", "over_capacity_kernels")}
+plain, _ = run(None)
+got, r = run({"capacity": 0.3, "ssd": [sys.argv[1]]})
+print(json.dumps({"same": got == plain, **r}))
+'''
+
+
+def test_a_collective_on_an_evicted_storage_gets_its_bytes_first(tmp_path):
+    """The profiled steps' pager pins what a collective touches, but a storage
+    it had evicted (0 bytes) was pinned as it was: the collective ran on
+    freed memory.  Two gloo ranks died ("writev: Bad address"); one rank
+    recorded 0-byte all_reduce outputs in the profiled steps, so their
+    fingerprints never matched the planned ones and the session re-profiled
+    step after step, over the capacity (the breaker's job).  Now the pager
+    fetches it first."""
+    import json
+    import subprocess
+    import sys
+    script = tmp_path / "job.py"
+    script.write_text(_COLLECTIVE_JOB)
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    import os
+    from pathlib import Path
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2] / "python"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(script), str(ssd)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == {"same": True, "planned_iterations": 6, "reprofiles": 0, "over_capacity_kernels": 0}, r

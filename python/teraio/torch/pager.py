@@ -314,10 +314,14 @@ class Pager:
         NCCL's stream) reads or writes it until the collective completes,
         which this thread does not see, so it is never evicted while it
         lives (tracked as not movable; end_step forgets it as any other)."""
-        if not st.nbytes():
-            return
         key = st._cdata
         slot = self._slot.get(key)
+        if not st.nbytes():
+            if slot is None or L.tio_pager_is_resident(self._p, slot):
+                return
+            # evicted: the collective needs its bytes (it ran on freed memory: gloo's
+            # "writev: Bad address" in the breaker's 2-rank job)
+            L.check(L.tio_pager_use(self._p, slot, None))
         if slot is not None and slot in self._pinned:
             return
         if slot is not None:
