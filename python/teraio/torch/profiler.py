@@ -244,9 +244,7 @@ class Profiler:
           variable the loop keeps, gradients under ``zero_grad()`` called
           first) is brought back then (tio_runtime_iteration_end), so the
           last kernel accesses it: a plan reads it back in time, and
-          nothing is read on demand at the end; not one whose bytes the
-          program freed itself (``resize_(0)``, as FSDP2 frees its unsharded
-          parameters), which holds nothing;
+          nothing is read on demand at the end;
         * a storage a collective touched last is another thread's (gloo's
           worker) until the collective completes, which no later kernel
           shows: every kernel until its free accesses it, so it stays
@@ -262,11 +260,7 @@ class Profiler:
                 continue
             freed = self._freed.get(i)
             if freed is None:   # alive at the end of the step
-                ref = self._ids.storage.get(i) if self._ids is not None else None
-                st = ref() if ref is not None else None
-                # ... unless the program freed its bytes itself (FSDP2's resize_(0) of an
-                # unsharded parameter): it holds nothing then, and nothing comes back
-                if last[i] < n - 1 and (st is None or st.nbytes() > 0):
+                if last[i] < n - 1:
                     self._kernels[n - 1][2].append((i, READ))
                 continue
             if freed <= last[i] + 1:
