@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, 
 
 from .. import _lib as L
 from ..core import Engine
-from ._ids import FetchGuard, Hook, in_reading
+from ._ids import FetchGuard, Hook, in_reading, iter_tensors
 
 
 # Counters of tio_pager_stats that are the largest over pagers, not summed; the
@@ -96,15 +96,6 @@ def new_output_bytes(func, args, kwargs) -> int:
     return n
 
 
-def _flat(x):
-    """The leaves of nested lists, tuples and dicts."""
-    if isinstance(x, (list, tuple)):
-        return [y for v in x for y in _flat(v)]
-    if isinstance(x, dict):
-        return [y for v in x.values() for y in _flat(v)]
-    return [x]
-
-
 def meta_output_bytes(func, args, kwargs) -> int:
     """The bytes of the new storages operator `func` allocates for its outputs
     (those its schema does not declare aliases of an input), from its meta
@@ -124,7 +115,7 @@ def meta_output_bytes(func, args, kwargs) -> int:
         return 0
     try:
         margs, mkwargs = _meta(args), _meta(kwargs)
-        if not any(isinstance(x, torch.Tensor) for x in (*_flat(args), *_flat(kwargs))):
+        if next(iter_tensors((args, kwargs)), None) is None:
             # A factory (randn, full, arange): nothing makes it meta but its device, and run
             # for real it would draw the program's random numbers (the breaker's case: the
             # first profiled step's randn gave other values than the plain run's).
@@ -226,13 +217,17 @@ class Pager:
             return 0
         if st is not None and self._slot.get(st._cdata) == slot:
             del self._slot[st._cdata]
+        self._drop(slot)
+        if slot in self._dead:
+            self._dead.remove(slot)
+        return 1
+
+    def _drop(self, slot: int) -> None:
+        """Forget what this side keeps of `slot` (the C pager's is the caller's)."""
         for d in (self._storage, self._bytes, self._addr):
             d.pop(slot, None)
         self._global.discard(slot)
         self._pinned.discard(slot)
-        if slot in self._dead:
-            self._dead.remove(slot)
-        return 1
 
     # -- tracking ---------------------------------------------------------------
     def _died(self, key: int, slot: int) -> None:
@@ -245,9 +240,7 @@ class Pager:
         anywhere; the pager is told on its own thread)."""
         while self._dead:
             slot = self._dead.pop()
-            self._storage.pop(slot, None)
-            self._bytes.pop(slot, None)
-            self._global.discard(slot)
+            self._drop(slot)
             L.check(L.tio_pager_forget(self._p, slot))
 
     def _resized(self, st, slot: int) -> bool:
@@ -261,9 +254,7 @@ class Pager:
         """Forget `slot` and track `st` as it is now."""
         is_global, pinned = slot in self._global, slot in self._pinned
         del self._slot[st._cdata]
-        for d in (self._storage, self._bytes, self._addr):
-            d.pop(slot, None)
-        self._global.discard(slot)
+        self._drop(slot)
         L.check(L.tio_pager_forget(self._p, slot))
         if pinned:
             self.pin(st)
@@ -327,10 +318,8 @@ class Pager:
         if slot is not None:
             L.check(L.tio_pager_use(self._p, slot, None))   # resident, with its bytes
             del self._slot[key]
-            self._storage.pop(slot, None)
-            self._bytes.pop(slot, None)
             is_global = slot in self._global
-            self._global.discard(slot)
+            self._drop(slot)
             L.check(L.tio_pager_forget(self._p, slot))
         else:
             is_global = False

@@ -424,8 +424,7 @@ class OffloadRuntime:
             if nbytes == self._trace_bytes[i] and addr == self._addr.get(i):
                 continue
             if nbytes == self._trace_bytes[i]:
-                L.check(L.tio_runtime_tensor_bind(self._p, i, addr, nbytes))
-                self._addr[i] = addr
+                self._bind(i, st)   # rebinding replaces the address
                 continue
             del self._bound[i]
             self._addr.pop(i, None)
