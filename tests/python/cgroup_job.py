@@ -3,12 +3,14 @@ trained for a few steps with AdamW, plainly or under teraio.torch.offload;
 run by test_cgroup.py inside a memory cgroup.  Writes its losses, a hash of
 its final parameters and what it measured as JSON to argv[1].
 
-    cgroup_job.py OUT.json plain|teraio [--capacity 0.25] [--ssd DIR] [--globals]
+    cgroup_job.py OUT.json plain|teraio [--capacity 0.25] [--ssd DIR] [--globals] [--compile]
     torchrun --nproc-per-node 2 cgroup_job.py OUT.json plain|teraio --ddp ...
 
 --globals: a wider model on short sequences, whose parameters, gradients
 and AdamW states are most of its peak; its gradients are kept between steps
 (zero_grad(set_to_none=False)), so they are global tensors like the rest.
+--compile: the model compiled (plain: ``model.compile(dynamic=False)``;
+teraio: ``offload(compile=True)``, which compiles it with teraio's backend).
 --ddp: each torchrun rank trains the model under DistributedDataParallel
 (gloo) on batches of its own and writes OUT.json with ".rankN" before
 ".json"; teraio profiles three steps (DDP rebuilds its buckets in step 2).
@@ -38,6 +40,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--globals", action="store_true")
     ap.add_argument("--ddp", action="store_true")
+    ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
     rank = 0
     if a.ddp:
@@ -62,12 +65,14 @@ def main():
     g = torch.Generator().manual_seed(1 + rank)
     batches = [torch.randint(0, cfg.vocab_size, (batch, seq), generator=g) for _ in range(a.steps)]
     off = None
+    if a.compile and a.mode == "plain":
+        model.compile(dynamic=False)
     if a.mode == "teraio":
         import teraio.torch
         # the activations evicted while profiling are more than the default SSD space (32 times
         # the model's tensors): space_bytes gives room for the job's peak
         off = teraio.torch.offload(model, opt, capacity=a.capacity, ssd=a.ssd, space_bytes=2 << 30,
-                                   profile_iterations=3 if a.ddp else 2)
+                                   profile_iterations=3 if a.ddp else 2, compile=a.compile)
     rss_before = status_kb("VmRSS") * 1024
     losses = []
     for b in batches:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from teraio.torch.compile import ops as _compile_ops
 from teraio.torch.compile import CompiledOffload
+from teraio.torch._ids import global_tensors
 
 from conftest import TINY, TinyJob
 from teraio.models.llama import Llama
@@ -125,7 +126,11 @@ def test_compiled_training_with_offloading_matches_plain_compile(llama_runs):
     away_at_0 = sum(o["bytes"] for o in moves if o["kind"] == "offload" and any(
         p["kind"] == "prefetch" and p["tensor"] == o["tensor"] and p["trigger"] < o["trigger"] for p in moves))
     assert per_step * (STEPS - 2) <= rep["bytes_offloaded"] <= per_step * (STEPS - 2) + away_at_0
-    assert rep["bytes_prefetched"] + rep["bytes_fetched_urgent"] == per_step * (STEPS - 2)
+    assert rep["bytes_prefetched"] == per_step * (STEPS - 2)
+    # and, once, what the profiled steps' pager left on the SSD at the hand-over and the plan
+    # has resident first: fetched at its first use in the first planned step
+    globals_bytes = sum(t.untyped_storage().nbytes() for t, _, _ in global_tensors(r["job"].model, r["job"].opt))
+    assert rep["bytes_fetched_urgent"] <= globals_bytes
     assert 0 < rep["peak_resident_bytes"] <= plan["capacity_bytes"]
     assert rep["over_capacity_kernels"] == 0
 

@@ -33,8 +33,7 @@ import torch
 
 from .. import _lib as L
 from ..core import Lifetime
-from ._ids import global_tensors
-from .pager import Pager, add_stats
+from .pager import Pager, add_stats, why_no_pager
 from .profiler import Profiler
 from .runtime import OffloadRuntime
 from .session import NoPlan, PlanEntry, Session
@@ -52,18 +51,10 @@ class EagerSession(Session):
         super().__init__(model, optimizer, capacity, ssd, **options)
         self._pager: Pager | None = None
         self._profiling: dict | None = None  # the counters of the pagers that are gone
-        self._pager_off = self._why_no_pager()
+        self._pager_off = why_no_pager(self.model, self.optimizer)
         self._prof: Profiler | None = None
         self._cm = None
         self._profile_next()
-
-    def _why_no_pager(self) -> str | None:
-        """Why the profiled steps cannot keep the capacity with the pager
-        (None: they can)."""
-        devices = {t.device.type for t, _, _ in global_tensors(self.model, self.optimizer)}
-        if devices - {"cpu"}:
-            return f"tensors on {', '.join(sorted(devices - {'cpu'}))}: the pager moves CPU memory only"
-        return None
 
     def _profile_next(self) -> None:
         """The next step is profiled: within the capacity, under a pager,

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, 
 
 from .. import _lib as L
 from ..core import Engine
-from ._ids import FetchGuard, Hook, in_reading, iter_tensors
+from ._ids import FetchGuard, Hook, global_tensors, in_reading, iter_tensors
 
 
 # Counters of tio_pager_stats that are the largest over pagers, not summed; the
@@ -135,6 +135,15 @@ def meta_output_bytes(func, args, kwargs) -> int:
                 if isinstance(t, torch.Tensor) and t.layout == torch.strided:
                     total += t.untyped_storage().nbytes()
     return total
+
+
+def why_no_pager(model, optimizer) -> str | None:
+    """Why the profiled steps cannot keep the capacity with a pager (None:
+    they can): the pager moves CPU memory only."""
+    devices = {t.device.type for t, _, _ in global_tensors(model, optimizer)}
+    if devices - {"cpu"}:
+        return f"tensors on {', '.join(sorted(devices - {'cpu'}))}: the pager moves CPU memory only"
+    return None
 
 
 def add_stats(total: dict | None, stats: dict) -> dict:
@@ -328,6 +337,10 @@ class Pager:
         self._remember(st, s.value, st.nbytes(), is_global)
         self._pinned.add(s.value)
         L.check(rc)
+
+    def slot(self, st) -> int | None:
+        """The slot of tracked storage `st` (None: not tracked)."""
+        return self._slot.get(st._cdata)
 
     def reserve(self, nbytes: int) -> None:
         """Evict until the capacity holds `nbytes` more: what the current

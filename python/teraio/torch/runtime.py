@@ -232,6 +232,8 @@ class OffloadRuntime:
     :class:`teraio.core.Engine` over the SSD directories.
     """
 
+    guard_class = FetchGuard  # the mode that fetches for operators between iterations
+
     def __init__(self, model: torch.nn.Module, optimizer, trace: Trace, plan: Plan, engine: Engine | None,
                  staging: bool | None = None, safe: bool = True, pager=None):
         """``staging``: move bytes through host staging buffers (pinned when
@@ -312,7 +314,7 @@ class OffloadRuntime:
             self._bind_globals(pager)
         self._ids.n_global = self._ids.next_id
         self._mode = _Mode(self)
-        self._guard = FetchGuard(self._guard_fetch)
+        self._guard = self.guard_class(self._guard_fetch)
         self._guard_pushed = False
         self._curve: list[int] | None = None
         self._rss_curve: list[int] | None = None

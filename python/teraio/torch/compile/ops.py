@@ -110,9 +110,11 @@ def register_inductor_lowering() -> None:
 
     @register_lowering(kernel_begin, type_promotion_kind=None)
     def _lower(moved, read, after, graph, kernel):
+        from .passes import lowered_call
         for t in moved:
             t.realize()
             V.graph.mark_buffer_mutated(t.get_name())
+        lowered_call([t.get_name() for t in moved])
         return fallback(moved, read, after, graph, kernel)
 
     _lowered = True

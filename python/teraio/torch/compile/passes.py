@@ -21,7 +21,9 @@ lowering, fusion, code generation).
   propagated again, since a rewrite may leave a node's stale) and stops.
 * :func:`compile_with_ops` has Inductor compile the graph AOTAutograd gave
   with the calls put in at that point (GraphInfo.insert_ops), after
-  checking that the graph there is the one teraio profiled.
+  checking that the graph there is the one teraio profiled, and with no
+  kernel fused across a call that names what the kernel touches
+  (:class:`_NoFusionAcrossCalls`).
 
 Both bypass Inductor's FX graph cache (the pass has no cache key): an
 artifact with calls names this process's graph numbers, and must not serve
@@ -34,11 +36,14 @@ import copy
 
 import torch
 from torch._inductor import config
+from torch._inductor.choices import InductorChoices
 from torch._inductor.compile_fx import compile_fx_inner
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
 from torch._inductor.virtualized import V
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch._inductor.pattern_matcher import stable_topological_sort
+
+from . import ops
 
 
 class _Stop(Exception):
@@ -116,6 +121,68 @@ def post_grad_graph(gm: torch.fx.GraphModule, example_inputs, kwargs: dict) -> t
     return box[0]
 
 
+class _Calls:
+    """The calls of the graph being compiled (compile_with_ops): which
+    stretch between calls each node of the lowered graph is in (`seg`: the
+    number of calls before it, by node name), and the buffers each call
+    names (`names[c]`, for the c-th call, 1-based; filled as Inductor
+    lowers them, in graph order)."""
+
+    def __init__(self):
+        self.seg: dict[str, int] = {}
+        self.names: list[set[str]] = [set()]
+
+    def read(self, graph: torch.fx.Graph) -> None:
+        c = 0
+        for n in graph.nodes:
+            if n.op == "call_function" and n.target is ops.kernel_begin:
+                c += 1
+            self.seg[n.name] = c
+
+
+_calls: _Calls | None = None   # the compilation running in compile_with_ops
+
+
+def lowered_call(names) -> None:
+    """Inductor lowered the next call, which names buffers `names`."""
+    if _calls is not None:
+        _calls.names.append(set(names))
+
+
+def _origins(node) -> list:
+    return [o for s in node.get_nodes() if s.node is not None for o in s.node.origins]
+
+
+class _NoFusionAcrossCalls(InductorChoices):
+    """Inductor's choices, but no kernel fuses operators from both sides of
+    a call that names a buffer the kernel reads or writes.
+
+    Needed for the calls' ordering: Inductor orders a call after the
+    earlier readers of what it names (its mutation dependencies), but its
+    check that a fusion creates no cycle passes over those ordering-only
+    dependencies, and a read of a graph input after the call is scheduled
+    as if the input were always there.  Measured on transformers' Llama's
+    backward (PyTorch 2.13): RMSNorm's gradient, a reduction with a
+    pointwise tail, fused ``sum(x * add_14)`` (before a call naming
+    ``add_14``) with ``add_14 * 2`` (after it) into one kernel that ran
+    before the call, so it read ``add_14`` after the call had released it."""
+
+    @staticmethod
+    def can_fuse(scheduler, node1, node2, shared_data_score: int) -> bool:
+        if not InductorChoices.can_fuse(scheduler, node1, node2, shared_data_score):
+            return False
+        calls = _calls
+        if calls is None:
+            return True
+        segs = [calls.seg[o.name] for n in (node1, node2) for o in _origins(n) if o.name in calls.seg]
+        if not segs or min(segs) == max(segs):
+            return True
+        real = scheduler.mutation_real_name
+        touched = {real.get(d.name, d.name) for n in (node1, node2)
+                   for d in (*n.read_writes.reads, *n.read_writes.writes)}
+        return not any(calls.names[c] & touched for c in range(min(segs) + 1, min(max(segs) + 1, len(calls.names))))
+
+
 def compile_with_ops(info, ops: dict) -> object:
     """Inductor's compiled code of graph `info` (a GraphInfo with its
     ``source`` and ``compile_args``) with ``teraio::kernel_begin`` calls
@@ -127,16 +194,27 @@ def compile_with_ops(info, ops: dict) -> object:
     are off; otherwise what Inductor raises."""
     example_inputs, kwargs, tctx, cctx = info.compile_args
     gm = copy.deepcopy(info.source)
-    p = _AtPostGrad(gm, lambda graph: info.insert_ops(graph, ops))
+    global _calls
+    calls = _Calls()
+
+    def put_in(graph: torch.fx.Graph) -> None:
+        info.insert_ops(graph, ops)
+        calls.read(graph)
+
+    p = _AtPostGrad(gm, put_in)
     ctx = torch._guards.tracing(tctx) if tctx is not None else contextlib.nullcontext()
     cc = torch._guards.compile_context(cctx) if cctx is not None else contextlib.nullcontext()
+    outer, _calls = _calls, calls
     try:
-        with ctx, cc, config.patch(reorder_for_peak_memory=False), _with_pass(p):
+        with ctx, cc, config.patch(reorder_for_peak_memory=False), _with_pass(p), \
+                V.set_choices_handler(_NoFusionAcrossCalls()):
             fn = compile_fx_inner(gm, example_inputs, **kwargs)
     except Exception as e:
         if p.error is not None:
             raise p.error from e
         raise
+    finally:
+        _calls = outer
     if not p.done:
         raise RuntimeError(f"graph {info.key}: Inductor compiled it without handing it to its custom post pass")
     return fn

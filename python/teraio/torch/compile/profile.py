@@ -19,6 +19,15 @@ a graph break's Python).  The trace has, in the order they ran:
   the random state put back), the times scaled so that they add up to the
   compiled run's measured time.
 
+**Within the capacity** (a pager given, teraio.torch.pager: CPU tensors):
+the profiled steps keep the capacity as the eager path's do.  Eager code's
+operators go through the pager (a storage used is brought back, room is
+made for what an operator makes, what it makes is tracked).  A compiled
+region runs Inductor's own code with its Python wrapper paged statement by
+statement (compile.paging): the same kernels, so the same numbers as plain
+``torch.compile``, and node times from the code's statements without the
+pager's moves; no second run of the graph is made.
+
 Tensors: global tensors first (parameters, buffers, gradients, optimizer
 state, by name: teraio.torch._ids), then every other storage in order of
 first appearance; a region's new storages get ids when the region runs,
@@ -40,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ...core import KINDS, READ, WRITE
 from .graph import GraphInfo
 from .._ids import StorageIds, global_tensors, iter_tensors
+from ..pager import new_output_bytes
 from ..profiler import kernel_name
 
 EAGER = "teraio.eager"
@@ -63,7 +73,10 @@ def _is_view(func) -> bool:
 
 
 class _EagerMode(TorchDispatchMode):
-    """Records the operators of eager code; compiled code passes through."""
+    """Records the operators of eager code; compiled code passes through.
+    With a pager, each operator goes through it first (what it reads is
+    brought back, room is made for what it makes, what it makes is
+    tracked), as on the eager path (teraio.torch.profiler)."""
 
     def __init__(self, rec: "Recorder"):
         super().__init__()
@@ -76,7 +89,18 @@ class _EagerMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         rec = self.rec
-        if rec.in_region or kernel_name(func) is None or _is_view(func):
+        name = kernel_name(func)
+        if rec.in_region or name is None:
+            return func(*args, **kwargs)
+        pager = rec.pager
+        collective = name.startswith("c10d.")
+        if pager is not None:
+            pager.kernel_begin()
+            for t in iter_tensors((args, kwargs)):
+                (pager.pin if collective else pager.use)(t.untyped_storage())
+            if not collective:
+                pager.reserve(new_output_bytes(func, args, kwargs))
+        if _is_view(func):
             return func(*args, **kwargs)
         for t in iter_tensors((args, kwargs)):
             rec.eager_use(t.untyped_storage(), READ)
@@ -84,7 +108,10 @@ class _EagerMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         rec.eager_ns += time.perf_counter_ns() - t0
         for t in iter_tensors(out):
-            rec.eager_use(t.untyped_storage(), WRITE)
+            st = t.untyped_storage()
+            if pager is not None:
+                (pager.pin if collective else pager.track)(st)
+            rec.eager_use(st, WRITE)
         return out
 
 
@@ -152,11 +179,13 @@ def time_graph(info: GraphInfo, args: list) -> list[int]:
     return interp.times
 
 
+
 class Recorder:
     """Records one iteration of a compiled program (module text)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer, name: str):
+    def __init__(self, model: torch.nn.Module, optimizer, name: str, pager=None):
         self.name = name
+        self.pager = pager
         self.in_region = False
         self.ids = StorageIds(on_death=self._died)
         self.tensors: list[list] = []     # [bytes, kind, global, name]
@@ -168,12 +197,17 @@ class Recorder:
         self._folded: set[int] = set()
         self._stretch = 0                 # eager stretches opened so far
         self._open_stretch()
+        if pager is not None:
+            pager.begin_step()
         for t, kind, tname in global_tensors(model, optimizer):
             st = t.untyped_storage()
-            if st.nbytes() == 0 or self.ids.lookup(st) is not None:
+            if pager is not None:
+                pager.track(st, is_global=True)
+            nbytes = self._nbytes(st)
+            if nbytes == 0 or self.ids.lookup(st) is not None:
                 continue
             self.ids.assign(st)
-            self.tensors.append([st.nbytes(), kind, True, tname])
+            self.tensors.append([nbytes, kind, True, tname])
         self.ids.n_global = self.ids.next_id
         self.mode = _EagerMode(self)
 
@@ -184,9 +218,13 @@ class Recorder:
         self._born: dict[int, int] = {}   # id -> bytes, born in this stretch
         self._events: list[tuple[int, int]] = []  # (id, +bytes / -bytes)
 
+    def _nbytes(self, st) -> int:
+        """`st`'s bytes, evicted or not."""
+        return self.pager.nbytes(st) if self.pager is not None else st.nbytes()
+
     def _new_id(self, st, kind: str = "temporary", nbytes: int | None = None) -> int:
         i = self.ids.assign(st) if st is not None else self._next_free()
-        self.tensors.append([nbytes if nbytes is not None else st.nbytes(), kind, False, None])
+        self.tensors.append([nbytes if nbytes is not None else self._nbytes(st), kind, False, None])
         return i
 
     def _next_free(self) -> int:
@@ -195,7 +233,7 @@ class Recorder:
         return i
 
     def eager_use(self, st, mode: int) -> None:
-        nbytes = st.nbytes()
+        nbytes = self._nbytes(st)
         if nbytes == 0:
             return
         i = self.ids.lookup(st)
@@ -229,32 +267,62 @@ class Recorder:
         self._stretch += 1
 
     # -- compiled regions -------------------------------------------------------
-    def region(self, info: GraphInfo, fn, args: list):
-        """Run compiled graph `info` (callable `fn`, boxed `args`) and record it."""
+    def region(self, info: GraphInfo, fn, args: list, paged=None):
+        """Run compiled graph `info` (callable `fn`, boxed `args`) and record
+        it; with a pager, `paged` (compile.paging.PagedCode) runs instead
+        where it can (else `fn`, with every input brought back first)."""
         self._close_stretch()
         self.in_region = True
         try:
-            return self._region(info, fn, args)
+            return self._region(info, fn, args, paged)
         finally:
             self.in_region = False
             self._open_stretch()
 
-    def _region(self, info: GraphInfo, fn, args: list):
+    def _region(self, info: GraphInfo, fn, args: list, paged):
         offset = len(self.kernels)
         ids: list = [None] * len(info.storage_bytes)
         inputs = list(args)
+        slots: dict[int, int] = {}
         for i, a in enumerate(inputs):
             if isinstance(a, torch.Tensor) and a.layout == torch.strided:
                 st = a.untyped_storage()
-                if st.nbytes():
+                if self.pager is not None:
+                    slot = self.pager.slot(st)
+                    slot = self.pager.track(st) if slot is None else slot
+                    if slot is not None:
+                        slots[i] = slot
+                nbytes = self._nbytes(st)
+                if nbytes:
                     ids[i] = self.ids.lookup(st)
                     if ids[i] is None:
-                        ids[i] = self._new_id(st)
-        times = time_graph(info, inputs)
-        del inputs
-        t0 = time.perf_counter_ns()
-        out = fn(args)
-        wall = time.perf_counter_ns() - t0
+                        ids[i] = self._new_id(st, nbytes=nbytes)
+        if self.pager is None:
+            times = time_graph(info, inputs)
+            del inputs
+            t0 = time.perf_counter_ns()
+            out = fn(args)
+            wall = time.perf_counter_ns() - t0
+        else:
+            pager = self.pager
+            pager.drain()
+            run = paged.call if paged is not None else None
+            if run is None:
+                # code that is not paged: everything it receives resident
+                pager.kernel_begin()
+                for i in slots:
+                    pager.use(inputs[i].untyped_storage())
+            del inputs
+            if run is not None:
+                paged.start(pager)
+            t0 = time.perf_counter_ns()
+            out = (run or fn)(args)
+            wall = time.perf_counter_ns() - t0
+            times = paged.finish() if run is not None else [wall // max(1, info.n_kernels)] * info.n_kernels
+            pager.drain()
+            for o in out:
+                if isinstance(o, torch.Tensor) and o.layout == torch.strided and pager.slot(o.untyped_storage()) is None:
+                    pager.track(o.untyped_storage())
         for s in range(info.n_inputs, len(info.storage_bytes)):
             if info.storage_bytes[s]:
                 ids[s] = self._new_id(None, nbytes=info.storage_bytes[s])
@@ -264,14 +332,15 @@ class Recorder:
                 continue
             st = o.untyped_storage()
             known = self.ids.lookup(st)
-            if known is None and st.nbytes():
+            nbytes = self._nbytes(st)
+            if known is None and nbytes:
                 if ids[s] is None:
-                    ids[s] = self._new_id(None, nbytes=st.nbytes())
+                    ids[s] = self._new_id(None, nbytes=nbytes)
                 self.ids.assign(st, ids[s])
-                self.tensors[ids[s]][0] = st.nbytes()
+                self.tensors[ids[s]][0] = nbytes
             elif known != ids[s] and info.unplannable is None:
                 info.unplannable = f"output {pos} is not the tensor the graph says it makes"
-        scale = wall / max(1, sum(times))
+        scale = wall / max(1, sum(times)) if self.pager is None else 1.0
         for j in range(info.n_kernels):
             acc = {}
             for s, m in info.accesses[j]:

@@ -17,7 +17,11 @@ backend=off.backend)``) take part too.  Then:
    runs as Inductor made it; teraio.torch.compile.profile records the
    iteration as a trace (every graph node a kernel, timed; every stretch of
    eager code one kernel) and which graph ran where.  A step's key is its
-   sequence of graphs.
+   sequence of graphs.  On the CPU these steps keep the capacity: a pager
+   (teraio.torch.pager) moves tensors on demand, for eager code operator by
+   operator and for Inductor's code statement by statement of its wrapper
+   (compile.paging); when the first plan is made the pager hands the global
+   tensors to the plan's runtime where they are.
 2. **Plan**: libteraio's planner for the capacity, moving only global
    tensors (parameters, gradients, optimizer state) and activations (saved
    by a forward graph for a backward graph): everything else is inside one
@@ -80,12 +84,14 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from ... import _lib as L
 from ...core import Lifetime, Trace
-from .._ids import FetchGuard
+from .._ids import FetchGuard, global_tensors
+from ..pager import Pager, add_stats, why_no_pager
 from ..runtime import OffloadRuntime
 from ..session import NoPlan, Session, Unplannable
 from . import ops, passes
 from .graph import GraphInfo
 from .plan import StepPlan, with_extra
+from .paging import PagedCode
 from .profile import EAGER, MOVABLE_KINDS, Instance, Profile, Recorder
 
 log = logging.getLogger("teraio")
@@ -142,10 +148,11 @@ class _GraphRuntime(OffloadRuntime):
     compiled step reports its kernels through kernel_begin calls, and the
     bytes its code holds through tio_runtime_account_program)."""
 
+    guard_class = _CompiledGuard  # made in OffloadRuntime.__init__, which may push it already
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._mode = contextlib.nullcontext()
-        self._guard = _CompiledGuard(self._guard_fetch)
 
     def bind(self, i: int, st) -> bool:
         """Bind storage `st` to id `i` unless it is (a released storage is
@@ -184,6 +191,9 @@ class CompiledSession(Session):
         self._curve: list | None = None
         self._curve_points: list | None = None
         self._iteration = None                # the runtime's iteration of the step running
+        self._pager: Pager | None = None      # the profiled steps' (teraio.torch.pager)
+        self._pager_off = why_no_pager(model, optimizer)
+        self._profiling: dict | None = None   # the counters of the pagers that are gone
         if compile_model:
             model.compile(backend=self.backend, dynamic=False)
 
@@ -228,14 +238,30 @@ class CompiledSession(Session):
         return fn
 
     # -- regions ----------------------------------------------------------------
+    def _paged(self, info: GraphInfo) -> PagedCode:
+        """`info`'s compiled code paged for the profiled steps
+        (compile.paging), made once; code that cannot be paged runs with
+        every tensor it receives resident (said once per graph)."""
+        paged = getattr(info, "paged", None)
+        if paged is None:
+            paged = info.paged = PagedCode(info, info.plain)
+            if paged.call is None:
+                self._warn(("paged", info.key), f"teraio: graph {info.key} ({info.kind}) runs its profiled steps "
+                           f"with every tensor it receives resident ({paged.why})")
+        return paged
+
     def _run_region(self, info: GraphInfo, args):
         if self._step_kind is None:
             if self._rt is not None and self._rt._released:
                 self._rt.fetch_all()
+            if self._pager is not None:
+                self._pager.fetch_all()
             return info.plain(args)
         self._observed.append(info.key)
         if self._rec is not None:
-            return self._rec.region(info, info.plain, args)
+            if self._rec.pager is None:
+                return self._rec.region(info, info.plain, args)
+            return self._rec.region(info, info.plain, args, self._paged(info))
         if not self._active:
             return info.plain(args)
         entry, p = self._entry, self._pos
@@ -331,11 +357,58 @@ class CompiledSession(Session):
 
     # -- the driver's part of the session -----------------------------------------
     def _make_runtime(self, entry: StepPlan) -> _GraphRuntime:
-        rt = _GraphRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
-                           staging=self.staging, safe=self.safe)
+        """The plan's runtime; the pager of the profiled steps hands it the
+        global tensors (evicted ones with their stored copies) and goes."""
+        pager, self._pager = self._pager, None
+        if pager is not None:
+            pager.begin_step()  # its guard off the mode stack
+        try:
+            rt = _GraphRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
+                               staging=self.staging, safe=self.safe, pager=pager)
+        finally:
+            if pager is not None:
+                self._profiling = add_stats(self._profiling, pager.stats())
+                pager.close()
         for info in {x.info.gid: x.info for x in entry.instances}.values():
             self._variant(info, entry)
         return rt
+
+    def _profiling_pager(self) -> Pager | None:
+        """The pager the next profiled step keeps the capacity with (None:
+        it cannot, said once: the step holds all its memory)."""
+        if self._pager_off is not None:
+            self._warn(("no pager",), f"teraio: the profiled steps hold all their memory ({self._pager_off})")
+            return None
+        if isinstance(self.capacity, float):
+            cap_bytes, share = 0, self.capacity
+        else:
+            cap_bytes, share = self.capacity, 0.0
+        if self._pager is None:
+            self._pager = Pager(self._engine_for_profiling(), cap_bytes, share, self.model, self.optimizer)
+            self._pager._guard = _CompiledGuard(self._pager._guard_fetch)
+        else:
+            self._pager.set_capacity(cap_bytes, share)
+        return self._pager
+
+    def _engine_busy(self) -> bool:
+        return self._pager is not None
+
+    def _profile_report(self) -> dict:
+        """The pagers' counters of the profiled steps: counts summed, peaks
+        the largest."""
+        if self._pager is None:
+            return {"profiling": self._profiling}
+        return {"profiling": add_stats(self._profiling, self._pager.stats())}
+
+    def _fetch_driver(self) -> None:
+        if self._pager is not None:
+            self._pager.fetch_all()
+
+    def _close_driver(self) -> None:
+        if self._pager is not None:
+            self._profiling = add_stats(self._profiling, self._pager.stats())
+            self._pager.close()
+            self._pager = None
 
     def _end_iteration(self) -> None:
         """The runtime's iteration ends (intermediate tensors come back and
@@ -393,13 +466,17 @@ class CompiledSession(Session):
 
     def _profile_begin(self) -> None:
         self._start_step()
-        rec = Recorder(self.model, self.optimizer, self.name)
+        rec = Recorder(self.model, self.optimizer, self.name, pager=self._profiling_pager())
         rec.mode.__enter__()
         self._rec = rec
 
     def _profile_end(self, exc):
         rec, self._rec = self._rec, None
         rec.mode.__exit__(None, None, None)
+        if rec.pager is not None:
+            # global tensors stay where they are (the guard fetches them between
+            # steps); everything else still alive comes back: the program owns it
+            rec.pager.end_step([t.untyped_storage() for t, _, _ in global_tensors(self.model, self.optimizer)])
         if exc[0] is not None:
             return None
         prof = rec.finish()
