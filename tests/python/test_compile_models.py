@@ -194,18 +194,26 @@ def test_a_tensor_moved_in_every_gap_is_never_read_while_away(kind):
     accesses and brought back at the call before the next one, whatever the
     gap.  The calls here destroy a released storage's bytes (NaN, or -1 for
     integers) and put them back when it returns, so a kernel Inductor runs
-    while the storage is away reads garbage.  Inductor's code must return
-    what its plain code returns, bit for bit.  (Before compile.passes kept
-    Inductor from fusing kernels across a call that names what they touch,
-    Llama's RMSNorm backward fused a read of ``add_14`` after a call with a
-    reduction before it, into one kernel that ran while ``add_14`` was away.)"""
+    while the storage is away reads garbage.  The code must return, bit for
+    bit, what the same code returns with calls that destroy nothing.  (Before
+    compile.passes kept Inductor from fusing kernels across a call that names
+    what they touch, Llama's RMSNorm backward fused a read of ``add_14``
+    after a call with a reduction before it, into one kernel that ran while
+    ``add_14`` was away.)  Against Inductor's plain code, a call at every
+    access splits fusions, which changes Llama's backward in the last bits
+    (measured: up to 4e-9 in its embedding's gradient; docs/compile.md), so
+    that comparison is to a relative 1e-6."""
     from teraio.torch.compile import ops, session as cs
     _, off, _ = train(kind, "sdpa", dict(capacity=0.5, ssd=tempfile.mkdtemp()), session_cls=_Keep, steps=2)
     kept = dict(off.inputs)
     off.close()
     away: dict = {}
 
+    destroy = True
+
     def handler(moved, read, graph, kernel):
+        if not destroy:
+            return
         releases, returns = plan.get((graph, kernel), ((), ()))
         for t, s in zip(moved, names[(graph, kernel)]):
             st = t.untyped_storage()
@@ -250,12 +258,18 @@ def test_a_tensor_moved_in_every_gap_is_never_read_while_away(kind):
                 names[(info.gid, j)] = mv
             fn = compile_with_ops(info, ops_j)
             torch.manual_seed(2)
-            want = info.plain(_copies(args))
+            plain = info.plain(_copies(args))
+            destroy = False
+            torch.manual_seed(2)
+            want = fn(_copies(args))
+            destroy = True
             torch.manual_seed(2)
             got = fn(_copies(args))
             assert not away, "every released storage came back"
-            for w, x in zip(want, got):
-                assert not isinstance(w, torch.Tensor) or torch.equal(w, x), (kind, info.kind)
+            for p, w, x in zip(plain, want, got):
+                if isinstance(w, torch.Tensor):
+                    assert torch.equal(w, x), (kind, info.kind)
+                    assert torch.allclose(w, p, rtol=1e-6, atol=1e-8), (kind, info.kind)
             checked += len(ops_j)
     finally:
         ops.set_handler(cs._dispatch_op)

@@ -67,6 +67,17 @@ def set_handler(fn: Callable | None) -> None:
     _handler = fn
 
 
+# Told the buffer names of each call Inductor lowers, in graph order:
+# listener(names).  compile.passes installs it (imports point from passes to
+# here, never back).
+_lowering_listener: Callable | None = None
+
+
+def set_lowering_listener(fn: Callable | None) -> None:
+    global _lowering_listener
+    _lowering_listener = fn
+
+
 def _token(moved, read) -> torch.Tensor:
     first = moved[0] if moved else read[0] if read else None
     return torch.empty(0, device=first.device if first is not None else "cpu")
@@ -110,11 +121,11 @@ def register_inductor_lowering() -> None:
 
     @register_lowering(kernel_begin, type_promotion_kind=None)
     def _lower(moved, read, after, graph, kernel):
-        from .passes import lowered_call
         for t in moved:
             t.realize()
             V.graph.mark_buffer_mutated(t.get_name())
-        lowered_call([t.get_name() for t in moved])
+        if _lowering_listener is not None:
+            _lowering_listener([t.get_name() for t in moved])
         return fallback(moved, read, after, graph, kernel)
 
     _lowered = True

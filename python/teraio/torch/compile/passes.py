@@ -149,6 +149,9 @@ def lowered_call(names) -> None:
         _calls.names.append(set(names))
 
 
+ops.set_lowering_listener(lowered_call)
+
+
 def _origins(node) -> list:
     return [o for s in node.get_nodes() if s.node is not None for o in s.node.origins]
 
