@@ -3,7 +3,7 @@ trained for a few steps with AdamW, plainly or under teraio.torch.offload;
 run by test_cgroup.py inside a memory cgroup.  Writes its losses, a hash of
 its final parameters and what it measured as JSON to argv[1].
 
-    cgroup_job.py OUT.json plain|teraio [--capacity 0.25] [--ssd DIR] [--globals] [--compile]
+    cgroup_job.py OUT.json plain|teraio [--capacity 0.25] [--ssd DIR] [--globals] [--compile] [--batch N]
     torchrun --nproc-per-node 2 cgroup_job.py OUT.json plain|teraio --ddp ...
 
 --globals: a wider model on short sequences, whose parameters, gradients
@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--globals", action="store_true")
     ap.add_argument("--ddp", action="store_true")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--batch", type=int, help="sequences per batch (default 8; 4 with --globals)")
     a = ap.parse_args()
     rank = 0
     if a.ddp:
@@ -57,6 +58,7 @@ def main():
     else:
         cfg = GPT2Config(n_layer=6, n_embd=256, n_head=4, vocab_size=2048, n_positions=256)
         batch, seq = 8, 256
+    batch = a.batch or batch
     torch.manual_seed(0)
     model = GPT2LMHeadModel(cfg)
     if a.ddp:
@@ -75,6 +77,7 @@ def main():
                                    profile_iterations=3 if a.ddp else 2, compile=a.compile)
     rss_before = status_kb("VmRSS") * 1024
     losses = []
+    after_first = None
     for b in batches:
         with off.step() if off is not None else torch.enable_grad():
             loss = model(input_ids=b, labels=b).loss
@@ -82,7 +85,14 @@ def main():
             opt.step()
             opt.zero_grad(set_to_none=not a.globals)
         losses.append(loss.item())
-    out = {"losses": losses, "rss_before_bytes": rss_before, "peak_rss_bytes": status_kb("VmHWM") * 1024}
+        if after_first is None:
+            # the process once its code is compiled: its RSS, and the tensor bytes in it
+            # (an evicted storage has none)
+            from teraio.torch._ids import global_tensors
+            held = sum(t.untyped_storage().nbytes() for t, _, _ in global_tensors(model, opt))
+            after_first = (status_kb("VmRSS") * 1024, held + b.untyped_storage().nbytes())
+    out = {"losses": losses, "rss_before_bytes": rss_before, "peak_rss_bytes": status_kb("VmHWM") * 1024,
+           "rss_after_first_bytes": after_first[0], "tensor_bytes_after_first": after_first[1]}
     if off is not None:
         rep = off.report()
         out["report"] = {k: v for k, v in rep.items() if isinstance(v, (int, float, str, bool)) or v is None}

@@ -41,10 +41,14 @@ backend=off.backend)``) take part too.  Then:
    Python runs per operator.
 4. **Divergence**: a region the plan does not expect (a graph break taken
    another way, a recompile for new shapes, an eval pass) makes the step
-   leave the plan: a warning, the runtime's iteration ends there, every
-   tensor is fetched back, and the rest of the step runs as compiled
-   without teraio.  A step whose first region starts another kept plan
-   switches to it there, without profiling.
+   leave the plan: a warning, and the rest of the step keeps the capacity
+   as a profiled step does (the runtime hands its tensors to a pager; eager
+   code and each region's code are paged; the global tensors go back to
+   the runtime where they are at the step's end).  Only inside a region's
+   code (a call that finds another kernel than the trace's) is every
+   tensor fetched back, the rest of the step running without teraio.  A
+   step whose first region starts another kept plan switches to it there,
+   without profiling.
 
 Kernel indices: the trace of a step is the concatenation, in run order, of
 eager kernel, graph kernels, eager kernel, ...; a graph run at several
@@ -81,6 +85,8 @@ import weakref
 
 import torch
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode_stack, _pop_mode,
+                                          _push_mode)
 
 from ... import _lib as L
 from ...core import Lifetime, Trace
@@ -141,6 +147,44 @@ class _CompiledGuard(FetchGuard):
         return True
 
 
+class _OffPlanMode(TorchDispatchMode):
+    """On the mode stack through a planned step, passing every operator
+    through until the step leaves its plan between regions; from then on
+    the eager code goes through the pager (the Recorder's mode), as in a
+    profiled step.  It is pushed when the step begins because a mode pushed
+    from inside a region call does not last: AOTAutograd's wrappers put the
+    mode stack they found back when the region returns."""
+
+    def __init__(self, session: "CompiledSession"):
+        super().__init__()
+        self.session = session
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        rec = self.session._rec
+        if rec is None:
+            return func(*args, **(kwargs or {}))
+        return rec.mode.__torch_dispatch__(func, types, args, kwargs)
+
+
+def _remove_mode(mode) -> None:
+    """Take `mode` off the dispatch mode stack, with the modes above it put back."""
+    stack = _get_current_dispatch_mode_stack()
+    if mode not in stack:
+        return
+    above = []
+    while True:
+        m = _pop_mode()
+        if m is mode:
+            break
+        above.append(m)
+    for m in reversed(above):
+        _push_mode(m)
+
+
 class _GraphRuntime(OffloadRuntime):
     """The eager path's runtime: the C runtime, its callbacks, global tensors
     bound by name, iteration begin and end, the guard between iterations
@@ -194,6 +238,7 @@ class CompiledSession(Session):
         self._pager: Pager | None = None      # the profiled steps' (teraio.torch.pager)
         self._pager_off = why_no_pager(model, optimizer)
         self._profiling: dict | None = None   # the counters of the pagers that are gone
+        self._off_plan: _OffPlanMode | None = None  # on the mode stack through a planned step
         if compile_model:
             model.compile(backend=self.backend, dynamic=False)
 
@@ -271,18 +316,27 @@ class CompiledSession(Session):
         if p >= len(entry.sequence) or entry.sequence[p] != info.key:
             why = (f"region {p} is graph {info.key} ({info.kind}), the plan has "
                    + (f"graph {entry.sequence[p]}" if p < len(entry.sequence) else "no more regions"))
-            self._diverge(why)
-            return info.plain(args)
+            self._diverge(why, between_regions=True)
+            return self._run_off_plan(info, args)
         inst = entry.instances[p]
         self._current[info.gid] = inst
         for pos, i in inst.bind_in:
-            self._bind(i, args[pos])
+            self._bind(i, args[pos], between_regions=True)
+        if not self._active:
+            return self._run_off_plan(info, args)
         fn = self._variant(info, entry)
         out = fn(args)
         for pos, i in inst.bind_out:
             self._bind(i, out[pos])
         self._kernel(inst.eager_kernel, EAGER, inst.eager_ensure)
         return out
+
+    def _run_off_plan(self, info: GraphInfo, args):
+        """A region of a step that left its plan: paged as in a profiled step
+        where the step goes on under a pager (_diverge), else as compiled."""
+        if self._rec is not None:
+            return self._rec.region(info, info.plain, args, self._paged(info))
+        return info.plain(args)
 
     def _switch_at_first_region(self, info: GraphInfo) -> StepPlan | None:
         """The step's first region is not the plan's: if a kept plan starts
@@ -314,9 +368,9 @@ class CompiledSession(Session):
                 self._bind(i, t)
         self._kernel(inst.offset + j, info.names[j], inst.op_ensure[j])
 
-    def _bind(self, i: int, t: torch.Tensor) -> None:
+    def _bind(self, i: int, t: torch.Tensor, between_regions: bool = False) -> None:
         if not self._rt.bind(i, t.untyped_storage()) and self._active:
-            self._diverge(f"tensor {i} has another size than in the trace")
+            self._diverge(f"tensor {i} has another size than in the trace", between_regions)
 
     def _kernel(self, k: int, name: str, ensure) -> None:
         """The runtime is told what the code holds up to the next point
@@ -337,18 +391,34 @@ class CompiledSession(Session):
         if self._curve_points is not None:
             self._curve_points.append((k, rt.stats()["resident_bytes"]))
 
-    def _diverge(self, why: str) -> None:
-        """The step leaves its plan: the runtime's iteration ends here
-        (intermediate tensors back and unbound), every tensor is fetched back,
-        and the rest of the step runs as compiled without teraio."""
+    def _diverge(self, why: str, between_regions: bool = False) -> None:
+        """The step leaves its plan.  Between regions (a region the plan
+        does not expect, an input of another size, the step ending early)
+        the rest of the step goes on under a pager that keeps the capacity,
+        as a profiled step does: the runtime hands it every tensor where it
+        is (an offloaded one with its stored copy), eager code goes through
+        it operator by operator and each region's code statement by
+        statement (compile.paging), and at the step's end the runtime takes
+        the global tensors back where the pager left them.  Inside a
+        region's code (a call that finds another kernel than the trace's),
+        or where no pager can be made, the runtime's iteration ends there,
+        every tensor is fetched back and the rest of the step runs without
+        teraio."""
+        rt = self._rt
+        self._active = False
+        self._curve_points = None
+        if between_regions and self._off_plan is not None and self._pager_off is None and rt._start_paging():
+            self._warn(("diverged", self._entry.sequence, why),
+                       f"teraio: the compiled step left its plan ({why}); the rest of the step keeps the "
+                       f"capacity on demand")
+            self._rec = Recorder(self.model, self.optimizer, self.name, pager=rt._paging)
+            return
         self._warn(("diverged", self._entry.sequence, why),
                    f"teraio: the compiled step left its plan ({why}); offloaded tensors are fetched back "
                    f"and the rest of the step runs without teraio")
-        self._active = False
-        self._curve_points = None
         self._end_iteration()
-        self._rt.fetch_all()
-        self._rt._guard_off()
+        rt.fetch_all()
+        rt._guard_off()
 
     def _warn(self, key, msg: str) -> None:
         if key not in self._warned:
@@ -485,18 +555,27 @@ class CompiledSession(Session):
     def _run_begin(self) -> None:
         self._start_step()
         self._begin_plan()
+        if self._pager_off is None:
+            self._off_plan = _OffPlanMode(self)
+            _push_mode(self._off_plan)
 
     def _run_end(self, exc):
         active, self._active = self._active, False
-        if exc[0] is not None:
-            self._end_iteration()
-            return None, False
         entry = self._entry
-        if active and self._pos != len(entry.sequence):
+        if exc[0] is None and active and self._pos != len(entry.sequence):
+            # ended early: the runtime's iteration ends keeping the global tensors where
+            # they are (a pager takes them and gives them back), not all fetched back
             self._active = True
-            self._diverge(f"the step ended after {self._pos} of the plan's {len(entry.sequence)} regions")
+            self._diverge(f"the step ended after {self._pos} of the plan's {len(entry.sequence)} regions",
+                          between_regions=True)
             self._active = active = False
+        self._rec = None  # the paged rest of a step that left its plan ends
+        mode, self._off_plan = self._off_plan, None
+        if mode is not None:
+            _remove_mode(mode)
         self._end_iteration()
+        if exc[0] is not None:
+            return None, False
         seq = tuple(self._observed)
         followed = active and seq == entry.sequence
         if followed:
