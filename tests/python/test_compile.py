@@ -333,6 +333,10 @@ def test_shape_change_reprofiles_and_stays_correct(breaky_runs):
     # (reprofile_after=2, profile_iterations for a re-profile: 1), step 8 runs its plan.
     assert reps[6]["diverged_iterations"] == 2 and reps[6]["reprofiles"] == 1
     assert any("left its plan" in w for w in r["warnings"])
+    # the diverged steps keep the capacity: from the region that left the plan, the rest
+    # of the step runs under a pager (eager code and each region's code paged)
+    assert reps[5]["paged_kernels"] > 0 and reps[6]["paged_kernels"] > reps[5]["paged_kernels"]
+    assert reps[6]["paged_over_capacity_kernels"] == 0
     assert reps[7]["profiled_iterations"] == 3 and len(reps[7]["plans"]) == 2
     assert reps[8]["planned_iterations"] == 4
     # Batch 256 again: at step 9's first region the session switches to the
@@ -341,7 +345,7 @@ def test_shape_change_reprofiles_and_stays_correct(breaky_runs):
     assert reps[-1]["diverged_iterations"] == 2 and reps[-1]["plan_switches"] == 1
     assert reps[-1]["planned_iterations"] == 6
     assert all(p["fits"] for p in reps[-1]["plans"])
-    assert reps[-1]["over_capacity_kernels"] == 0
+    assert reps[-1]["over_capacity_kernels"] == 0 and reps[-1]["paged_over_capacity_kernels"] == 0
 
 
 # ---- a block compiled once and run per layer; the optimizer step compiled ----
