@@ -550,3 +550,125 @@ def test_a_storage_the_program_frees_with_resize_is_not_written_from_freed_memor
     rt.close()
     assert losses == plain and torch.equal(w.detach(), plain_w)
     assert not stale, stale
+
+
+def test_a_storage_freed_while_its_write_is_in_flight_is_held_until_written(ssd_dir, tmp_path):
+    """A 64 MiB intermediate is held after its last use; the plan writes it
+    out in that tail period (a lone offload, due before its free in the
+    trace), and in the planned steps the program frees it earlier, two
+    operators after the write begins (the same operators: a free is no
+    kernel).  The engine reads a storage's memory on its own threads until
+    the write completes; before the runtime held the storage over its write,
+    the program's free unmapped that memory under the write and the process
+    died of SIGSEGV (6 of 6 runs, found by a breaker).  Now the storage is
+    let go once written, and the losses are the plain run's."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(256, 256))
+    start = w.detach().clone()
+    opt = torch.optim.SGD([w], lr=0.01)
+    n = (64 << 20) // 4
+
+    def step(early=False):
+        big = w[0, 0].expand(n) * 0.5               # 64 MiB
+        s = big.sum()                               # its last use
+        y = torch.tanh(w @ w)                       # the write begins at the mm
+        if early:
+            del big                                 # freed while it is written
+        z = y * 2
+        big = None                                  # the trace's free
+        loss = (z.sum() + s) / 1e4
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    plain = [step() for _ in range(4)]
+    plain_w = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(start)
+    prof = Profiler(torch.nn.ParameterList([w]), opt)
+    losses = []
+    for _ in range(2):
+        with prof.iteration():
+            losses.append(step())
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    names = [trace.kernel_name(k) for k in range(trace.n_kernels)]
+    last = names.index("aten.sum.default")          # big.sum()
+    big = next(i for i, _ in trace.kernel_accesses(last) if trace.tensor_bytes(i) == n * 4)
+    mm = names.index("aten.mm.default", last)
+    free = names.index("aten.sum.default", mm)    # z.sum(): the kernel before which big was freed
+    (tmp_path / "p.plan").write_text(f"teraio-plan 1\nkernels {trace.n_kernels} tensors {trace.n_tensors} "
+                                     f"capacity {lt.peak_bytes}\noffload {big} {mm} {free - 1} ssd {n * 4}\n")
+    plan = Plan.load(str(tmp_path / "p.plan"), trace, lt)
+    engine = Engine([ssd_dir], space_bytes=256 << 20)
+    rt = OffloadRuntime(torch.nn.ParameterList([w]), opt, trace, plan, engine)
+    for _ in range(2):
+        with rt.iteration():
+            losses.append(step(early=True))
+    stats = rt.stats()
+    rt.close()
+    assert stats["bytes_offloaded"] == 2 * n * 4     # the write ran in both planned steps
+    assert losses == plain and torch.equal(w.detach(), plain_w)
+
+
+def test_a_storage_resized_to_0_while_its_write_is_in_flight_is_not_read_after(ssd_dir, tmp_path):
+    """FSDP2 frees a gathered parameter with untyped_storage().resize_(0)
+    right after its last use, with no operator the runtime sees.  Here a
+    64 MiB "gathered" storage is moved out over its gap by a plan whose write
+    begins at the kernel after its last use, and the program frees it one
+    operator later, while the write is in flight.  Nothing could hold those
+    bytes: the engine read freed memory (SIGSEGV).  Now a resize of a storage
+    being written waits for the write first (the storage is unbound, and
+    bound again when the program re-gathers it), and the losses are the
+    plain run's."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(256, 256))
+    start = w.detach().clone()
+    opt = torch.optim.SGD([w], lr=0.01)
+    n = 256 * 256 * 256                                 # 64 MiB
+    gathered = torch.empty(256, 256, 256)
+
+    def step():
+        gathered.untyped_storage().resize_(n * 4)      # "all-gather" into it
+        with torch.no_grad():
+            gathered.copy_(w.expand(256, 256, 256))
+        s1 = gathered.sum()                             # its last use before the gap
+        y = torch.tanh(w @ w)                           # the write begins at the mm
+        gathered.untyped_storage().resize_(0)           # freed, the write in flight
+        z = [torch.sin(y * i).sum() for i in range(6)]
+        gathered.untyped_storage().resize_(n * 4)      # re-gathered for the backward
+        with torch.no_grad():
+            gathered.copy_(w.expand(256, 256, 256))
+        loss = (sum(z) + y.sum()) / 1e4 + (s1 + gathered.sum()) * 0
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    plain = [step() for _ in range(4)]
+    plain_w = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(start)
+    prof = Profiler(torch.nn.ParameterList([w]), opt)
+    losses = []
+    for _ in range(2):
+        with prof.iteration():
+            losses.append(step())
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    g = next(i for i in range(trace.n_tensors) if trace.tensor_bytes(i) == n * 4)
+    uses = [k for k in range(trace.n_kernels) if any(i == g for i, _ in trace.kernel_accesses(k))]
+    a, b = uses[1], uses[2]                             # its sum, its copy_ after the gap
+    mm = next(k for k in range(a, b) if trace.kernel_name(k) == "aten.mm.default")
+    (tmp_path / "p.plan").write_text(f"teraio-plan 1\nkernels {trace.n_kernels} tensors {trace.n_tensors} "
+                                     f"capacity {lt.peak_bytes}\noffload {g} {mm} {b - 2} ssd {n * 4}\n"
+                                     f"prefetch {g} {b - 1} {b} ssd {n * 4}\n")
+    plan = Plan.load(str(tmp_path / "p.plan"), trace, lt)
+    engine = Engine([ssd_dir], space_bytes=256 << 20)
+    rt = OffloadRuntime(torch.nn.ParameterList([w]), opt, trace, plan, engine)
+    for _ in range(2):
+        with rt.iteration():
+            losses.append(step())
+    rt.close()
+    assert losses == plain and torch.equal(w.detach(), plain_w)

@@ -162,6 +162,10 @@ def test_plan_cache_trimming_is_the_sessions_one_rule(tmp_path):
     rep = s.report()
     assert rep["profiled_iterations"] == 3 and rep["reprofiles"] == 2
     assert [p["key"] for p in rep["plans"]] == ["A", "C"]
+    # B, dropped from the cache, is still in the report: the plans' counts add up to the top level's
+    assert [p["key"] for p in rep["retired_plans"]] == ["B"]
+    every = rep["plans"] + rep["retired_plans"]
+    assert sum(p["iterations"] for p in every) == rep["planned_iterations"] > 0
 
 
 def test_an_exception_entering_a_step_leaves_the_next_step_runnable(tmp_path):

@@ -109,6 +109,30 @@ def _rss_bytes() -> int:
     return pages * _PAGE
 
 
+# Storages whose write is in flight, by storage key: (runtime, tensor id).  A
+# program may free a storage's bytes with ``untyped_storage().resize_(0)``,
+# which no operator shows (FSDP2 frees its gathered parameters so right after
+# their last use); _resize_storage waits for the write first.
+_in_flight: dict[int, tuple["OffloadRuntime", int]] = {}
+_storage_resize = torch.UntypedStorage.resize_
+
+
+def _resize_storage(self, size):
+    """torch.UntypedStorage.resize_, once a runtime has started a write:
+    a storage whose write is in flight is unbound first (which waits for
+    the write; it is bound again at its next use at the trace's size), so
+    the engine never reads bytes the program has freed."""
+    hit = _in_flight.get(self._cdata)
+    if hit is not None and size != self.nbytes():
+        hit[0]._resized_while_written(hit[1])
+    return _storage_resize(self, size)
+
+
+def _guard_resizes() -> None:
+    if torch.UntypedStorage.resize_ is not _resize_storage:
+        torch.UntypedStorage.resize_ = _resize_storage
+
+
 def _yield_gil() -> None:
     """Let a thread waiting for the GIL run."""
     time.sleep(0)
@@ -140,6 +164,8 @@ class _Mode(TorchDispatchMode):
         rt = self.rt
         if rt._paging is not None:
             return rt._paged_kernel(func, args, kwargs, name)
+        if rt._writing:
+            rt._settle_writes()
         rt._drain_deaths()
         k = rt.k
         rt.k += 1
@@ -149,7 +175,10 @@ class _Mode(TorchDispatchMode):
                 rt._let_threads_free(k, held)
             if k in rt._offload_at:
                 rt._check_offloads(k)
-            if L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode())) == 1:
+            rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode()))
+            if rt._writing:
+                rt._settle_writes(done_by=k)
+            if rc == 1:
                 rt.diverged = True
                 if rt._start_paging():
                     return rt._paged_kernel(func, args, kwargs, name)
@@ -250,10 +279,14 @@ class OffloadRuntime:
         self.model, self.optimizer = model, optimizer
         self.trace, self.plan, self.engine = trace, plan, engine
         self._trace_bytes = [trace.tensor_bytes(i) for i in range(trace.n_tensors)]  # read per operator
-        self._offload_at: dict[int, list[int]] = {}   # kernel -> tensors whose offload starts there
+        # kernel -> (tensor, deadline kernel) of the offloads that start there
+        self._offload_at: dict[int, list[tuple[int, int]]] = {}
         for m in plan.migrations():
             if m["kind"] == "offload":
-                self._offload_at.setdefault(m["trigger"], []).append(m["tensor"])
+                self._offload_at.setdefault(m["trigger"], []).append((m["tensor"], m["deadline"]))
+        # id -> (storage, deadline) of each write in flight: the storage is held until its write
+        # is done (see _hold_writes)
+        self._writing: dict[int, tuple[object, int]] = {}
         self._addr: dict[int, int] = {}               # id -> the address the C runtime has
         self._freed_by_program: set[int] = set()      # ids unbound by _check_offloads
         # The C engine, which the C runtime keeps alive (tio_engine_retain) even after the
@@ -336,6 +369,7 @@ class OffloadRuntime:
         st = self._storage(tensor)
         if st is None:
             return -2  # -ENOENT: the storage died
+        self._not_writing(tensor)
         try:
             st.resize_(nbytes)
         except RuntimeError:
@@ -346,6 +380,7 @@ class OffloadRuntime:
 
     def _release(self, ctx, tensor):
         st = self._storage(tensor)
+        self._not_writing(tensor)  # released: its write is done
         if st is not None:
             try:
                 st.resize_(0)
@@ -417,21 +452,79 @@ class OffloadRuntime:
         address; one the program freed is unbound (its bytes are gone: the
         program said so) and bound again when an operator next uses it at
         the trace's size."""
-        for i in self._offload_at[k]:
+        for i, deadline in self._offload_at[k]:
             b = self._bound.get(i)
             st = b[1]() if b is not None else None
             if st is None or i in self._released:
                 continue
             nbytes, addr = st.nbytes(), st.data_ptr()
             if nbytes == self._trace_bytes[i] and addr == self._addr.get(i):
+                self._hold_write(i, st, deadline)
                 continue
             if nbytes == self._trace_bytes[i]:
                 self._bind(i, st)   # rebinding replaces the address
+                self._hold_write(i, st, deadline)
                 continue
             del self._bound[i]
             self._addr.pop(i, None)
             L.check(L.tio_runtime_tensor_unbind(self._p, i))
             self._freed_by_program.add(i)
+
+    def _hold_write(self, i: int, st, deadline: int) -> None:
+        """The write of tensor `i` (storage `st`) starts at this kernel and
+        is due at `deadline`: `st` is held, and its resizes watched, until
+        the write is done (_settle_writes, _resize_storage)."""
+        self._writing[i] = (st, deadline)
+        _in_flight[st._cdata] = (self, i)
+        _guard_resizes()
+
+    def _not_writing(self, i: int) -> None:
+        entry = self._writing.pop(i, None)
+        if entry is not None:
+            _in_flight.pop(entry[0]._cdata, None)
+
+    def _clear_writes(self, ids=None) -> None:
+        for i in list(self._writing) if ids is None else ids:
+            self._not_writing(i)
+
+    def _resized_while_written(self, i: int) -> None:
+        """The program resizes the storage of tensor `i` while its write is
+        in flight: unbind it (the C runtime waits for the write) and bind it
+        again at its next use, as _check_offloads does for a storage resized
+        before its write starts.  From another thread nothing can be waited
+        for here (the runtime is this thread's)."""
+        if threading.get_ident() != self._thread or not self._p:
+            return
+        self._not_writing(i)
+        if i in self._bound:
+            del self._bound[i]
+            self._addr.pop(i, None)
+            self._released.discard(i)
+            L.check(L.tio_runtime_tensor_unbind(self._p, i))
+            self._freed_by_program.add(i)
+
+    def _settle_writes(self, done_by: int | None = None) -> None:
+        """The writes in flight (started at the kernels _check_offloads saw)
+        hold their storages: the engine reads a storage's memory on its own
+        threads until the write completes, so a storage the program frees
+        in between would be read after its memory is gone (a crash with
+        either backend, measured with a 64 MiB tensor freed two operators
+        after its write began).  Here, with `done_by` (kernel_begin(done_by)
+        has returned, which waited for every write due by then), those
+        writes let their storages go; and a storage only this hold keeps
+        alive (the program dropped it) is unbound, which waits for its
+        write, and let go: its memory is freed then, not before."""
+        for i, (st, deadline) in list(self._writing.items()):
+            if done_by is not None and deadline <= done_by:
+                self._not_writing(i)
+            elif torch._C._storage_Use_Count(st._cdata) == 1:
+                self._not_writing(i)
+                b = self._bound.get(i)
+                if b is not None and b[0] == st._cdata:
+                    del self._bound[i]
+                    self._released.discard(i)
+                    L.check(L.tio_runtime_tensor_unbind(self._p, i))
+        st = None
 
     def _bind_globals(self, pager=None) -> None:
         """Bind every global tensor the trace names whose storage is not the
@@ -541,6 +634,7 @@ class OffloadRuntime:
         `untracked`, the storages only counted too.  The runtime binds
         nothing afterwards (until _take_back)."""
         self._drain_deaths()
+        self._clear_writes()  # detach waits for each tensor's I/O
         # Stored copies first: they need no memory.
         order = sorted(self._bound, key=lambda i: L.tio_runtime_is_resident(self._p, i))
         for i in order:
@@ -663,6 +757,8 @@ class OffloadRuntime:
             self._end_paging(pager)
         self._drain_deaths()
         rc = L.tio_runtime_iteration_end(self._p)
+        # iteration_end waited for the intermediates' writes (made them resident, unbound them)
+        self._clear_writes([i for i in self._writing if i >= self._ids.n_global])
         for i in [i for i in self._bound if i >= self._ids.n_global]:
             del self._bound[i]
             self._released.discard(i)
@@ -815,3 +911,4 @@ class OffloadRuntime:
                 h.remove()
             L.tio_runtime_destroy(self._p)
             self._p = None
+            self._clear_writes()

@@ -248,6 +248,8 @@ class Session:
         self._thread = threading.get_ident()
         self._closed = False
         self._plans: collections.OrderedDict = collections.OrderedDict()  # key -> PlanEntry, LRU last
+        # plans made again for their key or dropped from the cache: their steps stay in report()
+        self._retired: list[PlanEntry] = []
         self._unplannable: dict = {}
         self._seen: collections.Counter = collections.Counter()  # sequences without a plan: steps
         self._next: dict = {}          # sequence -> the (last two) sequences that followed it
@@ -393,25 +395,27 @@ class Session:
         of the session, and the step counts.  Each of ``plans`` also says
         what its own steps measured against its own capacity (its peak
         resident bytes, its kernels over it, counted per kernel in diverged
-        steps too, its planned and diverged steps); ``peak_to_capacity_max``
-        is the worst of them."""
+        steps too, its planned and diverged steps); ``retired_plans`` the
+        same of the plans made again for their sequence or dropped from the
+        cache, so that the plans' counts add up to the top level's;
+        ``peak_to_capacity_max`` is the worst of them all."""
         self._check_thread()
         s = dict(self._totals)
         live = self._rt.stats() if self._rt is not None and self._rt._p else None
         if live is not None:
             self._add(s, live)
         c = self._counts
-        plans = []
-        for e in self._plans.values():
+        plans, retired = [], []
+        for e in (*self._retired, *self._plans.values()):
             d = e.describe()
             if e is self._entry and live is not None:
                 d.update(e.measured(live))
-            plans.append(d)
+            (plans if self._plans.get(e.key) is e else retired).append(d)
         out = {"mode": self.mode, "steps": c["profiled"] + c["planned"] + c["diverged"] + c["plain"],
                "profiled_iterations": c["profiled"], "planned_iterations": c["planned"],
                "diverged_iterations": c["diverged"], "unplanned_iterations": c["plain"],
                "reprofiles": c["reprofiles"], "plan_switches": c["switches"],
-               "plans": plans,
+               "plans": plans, "retired_plans": retired,
                "unplannable": {key_text(k): why for k, why in self._unplannable.items()},
                "ssd_dirs": self.ssd}
         out.update(s)
@@ -423,7 +427,7 @@ class Session:
         out["capacity_bytes"] = self._entry.capacity_bytes if self._entry else (
             out["plans"][-1]["capacity_bytes"] if out["plans"] else None)
         # each plan against its own capacity: the worst of them
-        ratios = [p["peak_to_capacity"] for p in plans if p["peak_to_capacity"] is not None]
+        ratios = [p["peak_to_capacity"] for p in (*plans, *retired) if p["peak_to_capacity"] is not None]
         out["peak_to_capacity_max"] = max(ratios) if ratios else None
         out.update(self._profile_report())
         out["process_peak_rss_bytes"] = _peak_rss_bytes()
@@ -608,12 +612,14 @@ class Session:
         if not entry.fits():
             log.warning("teraio: the plan for capacity %d bytes does not fit: planned peak %d bytes",
                         entry.capacity_bytes, entry.plan.planned_peak_bytes)
+        if key in self._plans:
+            self._retired.append(self._plans[key])
         self._plans[key] = entry
         self._plans.move_to_end(key)
         self._set_paging_capacity()
         while len(self._plans) > self.max_plans:
             old = next(k for k, e in self._plans.items() if e is not self._entry)
-            del self._plans[old]
+            self._retired.append(self._plans.pop(old))
         self._seen.pop(key, None)
         log.info("teraio: planned sequence %s: %d kernels, peak %d bytes, capacity %d, planned %d, "
                  "%d migrations", key_text(key), entry.trace.n_kernels, entry.lifetime.peak_bytes,

@@ -378,10 +378,16 @@ class CompiledSession(Session):
         kernel_begin(k), then what kernel k reads is made resident.  The
         runtime counts the resident bytes against the capacity."""
         rt = self._rt
+        if rt._writing:
+            rt._settle_writes()  # a storage freed while its write is in flight is let go once written
         if rt._deaths:
             rt._drain_deaths()  # tensors Inductor's code freed: unbound, not resident
         L.check(L.tio_runtime_account_program(rt._p, self._entry.point_max[k]))
+        if k in rt._offload_at:
+            rt._check_offloads(k)
         rc = L.check(L.tio_runtime_kernel_begin(rt._p, k, name.encode()))
+        if rt._writing:
+            rt._settle_writes(done_by=k)
         for i in ensure:
             if i in rt._bound:
                 L.check(L.tio_runtime_ensure_resident(rt._p, i, None))
