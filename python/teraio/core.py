@@ -340,16 +340,19 @@ class Engine:
         """Write then read `nbytes` through the engine, `chunk_bytes` at a
         time from one buffer of that size (the process's memory grows by a
         chunk, not by `nbytes`: a job measured inside a memory limit has only
-        its capacity); returns (read, write) GB/s."""
+        its capacity); returns (read, write) GB/s.  `nbytes` is from 1 to
+        2**62, `chunk_bytes` from 4096 to 2**40 (ValueError otherwise); a
+        chunk the engine has no room for raises its TeraioError before any
+        buffer is made."""
         p = self._handle()
-        nbytes = integer("nbytes", nbytes, 1)
-        chunk = min(nbytes, integer("chunk_bytes", chunk_bytes, 1))
+        nbytes = integer("nbytes", nbytes, 1, 1 << 62)
+        chunk = min(nbytes, integer("chunk_bytes", chunk_bytes, 4096, 1 << 40))
         rounds = -(-nbytes // chunk)
-        buf = ctypes.create_string_buffer(chunk)
-        ctypes.memset(buf, 0x5A, chunk)
         ext = L.Extent()
-        L.check(L.tio_engine_alloc(p, chunk, ctypes.byref(ext)))
+        L.check(L.tio_engine_alloc(p, chunk, ctypes.byref(ext)))  # the engine has room: then the buffer
         try:
+            buf = ctypes.create_string_buffer(chunk)
+            ctypes.memset(buf, 0x5A, chunk)
             t0 = time.perf_counter()
             for _ in range(rounds):
                 L.check(L.tio_engine_write(p, ctypes.byref(ext), buf, chunk))

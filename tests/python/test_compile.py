@@ -279,7 +279,13 @@ def breaky_job():
         loss.backward()
         opt.step()
         return loss
+    model.data = data
     return model, opt, step
+
+
+def breaky_loss(model, i):
+    """breaky_job's model's loss on its i-th batch."""
+    return model(*model.data[i])
 
 
 @pytest.fixture(scope="module")
@@ -473,3 +479,86 @@ def test_post_grad_passes_off_is_refused_when_the_session_is_made(tmp_path):
     with torch._inductor.config.patch(use_post_grad_passes=False):
         with pytest.raises(ValueError, match="use_post_grad_passes is off"):
             CompiledOffload(model, torch.optim.SGD(model.parameters(), lr=0.1), capacity=0.5, ssd=str(tmp_path))
+
+
+def test_a_step_run_inside_the_programs_dispatch_mode_that_ends_early(tmp_path):
+    """The program wraps each step in a dispatch mode of its own and ends one
+    step early (no backward, no optimizer step).  That step leaves its plan
+    with global tensors away, and the runtime pushed its guard between steps
+    on top of the program's mode; the mode's exit popped the guard instead of
+    itself, and reading a parameter after the step read released memory
+    (SIGSEGV, found by a breaker).  Now the tensors come back instead of
+    being guarded under a foreign mode: the parameters read between steps
+    are their true values, the losses are plain torch.compile's, and the
+    mode stack is empty after each step and after close()."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+    class ProgramMode(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls):
+            return True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def run(off_kw):
+        torch.use_deterministic_algorithms(True)
+        torch._dynamo.reset()
+        model, opt, step = breaky_job()
+        off = None
+        if off_kw is None:
+            model.compile(dynamic=False)
+        else:
+            off = CompiledOffload(model, opt, **off_kw)
+        losses, read = [], []
+        for i in range(6):
+            with ProgramMode():
+                with off.step() if off is not None else torch.enable_grad():
+                    opt.zero_grad(set_to_none=False)
+                    loss = breaky_loss(model, i)
+                    if i != 4:
+                        loss.backward()
+                        opt.step()
+            assert _get_current_dispatch_mode_stack() == [], i
+            losses.append(loss.item())
+            with torch.no_grad():
+                read.append([p.detach().clone() for p in model.parameters()])
+        if off is not None:
+            off.close()
+        assert _get_current_dispatch_mode_stack() == []
+        return losses, read
+
+    plain, plain_read = run(None)
+    got, got_read = run(dict(capacity=0.5, ssd=[str(tmp_path)], ssd_gbps=(8.0, 8.0)))
+    assert got == plain
+    assert all(torch.equal(a, b) for r, s in zip(plain_read, got_read) for a, b in zip(r, s))
+
+
+def test_an_eval_pass_of_a_transformers_model_compiles_under_teraio(tmp_path):
+    """transformers' GPT-2 in eval under no_grad: its inference graph keeps
+    real (empty) tensor constants, and copying the graph under Inductor's
+    fake mode raised "Attempted to set the storage of a tensor on device
+    meta to a storage on different device cpu" (found by a breaker).  Now
+    the eval loss is plain torch.compile's."""
+    transformers = pytest.importorskip("transformers")
+
+    def eval_loss(teraio_on):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=64)
+        model = transformers.GPT2LMHeadModel(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        off = None
+        if teraio_on:
+            off = CompiledOffload(model, opt, capacity=0.85, ssd=[str(tmp_path)], ssd_gbps=(8.0, 8.0))
+        else:
+            model.compile(dynamic=False)
+        ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+        model.eval()
+        with torch.no_grad():
+            loss = model(ids, labels=ids).loss.item()
+        if off is not None:
+            off.close()
+        return loss
+
+    assert eval_loss(True) == eval_loss(False)

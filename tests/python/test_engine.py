@@ -42,6 +42,17 @@ def test_engine_options_are_checked(ssd_dir):
         assert e.crc is False
         read, write = e.measure_gbps(1 << 20)
         assert read > 0 and write > 0
+    with Engine([ssd_dir], space_bytes=1 << 20) as e:
+        # one 16 MiB chunk at most in memory; a chunk of 1 byte was 65,536 rounds for 64 KiB (a
+        # breaker's "hang"), one the engine has no room for allocated its buffer first (1 GiB)
+        with pytest.raises(ValueError, match=r"chunk_bytes must be an integer in \[4096, "):
+            e.measure_gbps(1 << 20, chunk_bytes=1)
+        with pytest.raises(ValueError, match="nbytes must be an integer in"):
+            e.measure_gbps(1 << 63)
+        with pytest.raises(TeraioError, match="no free extent"):
+            e.measure_gbps(1 << 40, chunk_bytes=1 << 40)
+        read, write = e.measure_gbps(3 << 18, chunk_bytes=1 << 18)  # three rounds through one chunk
+        assert read > 0 and write > 0
     with pytest.raises(ValueError, match="crc must be True or False"):
         Engine([ssd_dir], space_bytes=1 << 20, crc="yes")
     with pytest.raises(ValueError, match="backend must be one of auto, io_uring, psync"):

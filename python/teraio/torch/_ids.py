@@ -21,7 +21,7 @@ import weakref
 from typing import Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 
 _Tensor = torch.Tensor
@@ -184,3 +184,25 @@ class FetchGuard(TorchDispatchMode):
             self.fetch(t.untyped_storage())
         return func(*args, **kwargs)
 
+
+_said_foreign_mode = False
+
+
+def guard_would_be_popped() -> bool:
+    """Is a dispatch mode of the program's on top of the mode stack when a
+    step ends (the step ran inside the program's ``with mode:``)?  A guard
+    pushed above it would be what that mode's exit pops, leaving the
+    program's mode on the stack and teraio's gone, with its tensors still
+    away (a breaker's segfault).  The caller brings its tensors back
+    instead of pushing the guard.  Said once per process."""
+    if _get_current_dispatch_mode() is None:
+        return False
+    global _said_foreign_mode
+    if not _said_foreign_mode:
+        _said_foreign_mode = True
+        import logging
+        logging.getLogger("teraio").warning(
+            "teraio: a dispatch mode of the program's is active when a step ends: offloaded tensors are "
+            "brought back between steps instead of guarded (run the steps outside that mode to keep "
+            "them away)")
+    return True

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, 
 
 from .. import _lib as L
 from ..core import Engine
-from ._ids import FetchGuard, Hook, global_tensors, in_reading, iter_tensors
+from ._ids import FetchGuard, Hook, global_tensors, guard_would_be_popped, in_reading, iter_tensors
 
 
 # Counters of tio_pager_stats that are the largest over pagers, not summed; the
@@ -410,6 +410,9 @@ class Pager:
 
     def _guard_on(self) -> None:
         if self._guard_pushed or all(L.tio_pager_is_resident(self._p, s) for s in self._storage):
+            return
+        if guard_would_be_popped():
+            self.fetch_all()
             return
         _push_mode(self._guard)
         self._guard_pushed = True

@@ -70,7 +70,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
 from .. import _lib as L
 from .. import gpu as _gpu
 from ..core import Engine, Plan, Trace
-from ._ids import FetchGuard, Hook, StorageIds, global_tensors, in_reading, iter_tensors
+from ._ids import FetchGuard, Hook, StorageIds, global_tensors, guard_would_be_popped, in_reading, iter_tensors
 from .pager import Pager, add_stats, new_output_bytes
 from .profiler import kernel_name, sequence_fingerprint
 
@@ -798,6 +798,9 @@ class OffloadRuntime:
         if not self.safe or self._guard_pushed:
             return
         if all(L.tio_runtime_is_resident(self._p, i) for i in self._bound):
+            return
+        if guard_would_be_popped():
+            self.fetch_all()
             return
         _push_mode(self._guard)
         self._guard_pushed = True

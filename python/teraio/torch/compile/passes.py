@@ -40,6 +40,7 @@ from torch._inductor.choices import InductorChoices
 from torch._inductor.compile_fx import compile_fx_inner
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
 from torch._inductor.virtualized import V
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch._inductor.pattern_matcher import stable_topological_sort
 
@@ -186,6 +187,16 @@ class _NoFusionAcrossCalls(InductorChoices):
         return not any(calls.names[c] & touched for c in range(min(segs) + 1, min(max(segs) + 1, len(calls.names))))
 
 
+def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A deep copy of `gm` made outside Inductor's fake mode: an inference
+    graph keeps real constants (transformers' GPT-2 in eval: empty tensors
+    as attributes), and copying them under the fake mode raised "Attempted
+    to set the storage of a tensor on device meta to a storage on different
+    device cpu"."""
+    with unset_fake_temporarily():
+        return copy.deepcopy(gm)
+
+
 def compile_with_ops(info, ops: dict) -> object:
     """Inductor's compiled code of graph `info` (a GraphInfo with its
     ``source`` and ``compile_args``) with ``teraio::kernel_begin`` calls
@@ -196,7 +207,7 @@ def compile_with_ops(info, ops: dict) -> object:
     graph at the post-grad point is not the one profiled, or if the passes
     are off; otherwise what Inductor raises."""
     example_inputs, kwargs, tctx, cctx = info.compile_args
-    gm = copy.deepcopy(info.source)
+    gm = copy_graph(info.source)
     global _calls
     calls = _Calls()
 

@@ -79,7 +79,6 @@ region called outside a step does so itself).
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import weakref
 
@@ -253,9 +252,9 @@ class CompiledSession(Session):
 
     def _inner_compile(self, gm, example_inputs, **kwargs):
         kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
-        source = copy.deepcopy(gm)
+        source = passes.copy_graph(gm)
         try:
-            post, why = passes.post_grad_graph(copy.deepcopy(gm), example_inputs, kwargs), None
+            post, why = passes.post_grad_graph(passes.copy_graph(gm), example_inputs, kwargs), None
         except Exception as e:  # the graph runs as Inductor compiles it, unplanned
             post, why = source, f"Inductor's post-grad passes could not be read: {type(e).__name__}: {e}"
         plain = compile_fx_inner(gm, example_inputs, **kwargs)
