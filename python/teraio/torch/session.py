@@ -149,7 +149,7 @@ def key_text(key) -> str:
     compiled path's tuple of graph keys joined."""
     if isinstance(key, int):
         return f"{key & (2**64 - 1):016x}"
-    return "+".join(str(k) for k in key)
+    return "+".join(str(k) for k in key) or "(no compiled region)"
 
 
 class PlanEntry:

@@ -500,7 +500,9 @@ class CompiledSession(Session):
         if not prof.sequence:
             raise Unplannable("no compiled region ran in the profiled step (Module.compile() compiles nothing "
                               "for some built-in modules, such as nn.Linear alone: compile a module of "
-                              "your own, or call torch.compile with session.backend)")
+                              "your own, or call torch.compile with session.backend; and Dynamo runs the "
+                              "model eagerly inside a dispatch mode of the program's whose "
+                              "ignore_compile_internals() is not True)")
         bad = next((x.info for x in prof.instances if x.info.unplannable), None)
         if bad is not None:
             raise Unplannable(f"graph {bad.key} ({bad.kind}): {bad.unplannable}")
