@@ -476,6 +476,43 @@ def test_fruitless_waits_stop_at_the_iteration_budget(ssd_dir, monkeypatch):
     assert stats["over_capacity_kernels"] > 0
 
 
+def _plain_then_planned(step, w, opt, plan_of, ssd_dir, tmp_path, planned: int, space_bytes: int = 64 << 20,
+                        planned_step=None):
+    """`step` (one training step of parameter `w` under `opt`) run plainly
+    for 2 + `planned` steps, then from the same start profiled for 2 steps
+    and run for `planned` steps under the plan whose lines after the header
+    `plan_of(trace, lifetime)` gives (`planned_step`, default `step`, in
+    those).  Returns (plain losses, teraio's losses, plain final w, the
+    runtime's stats); w is teraio's final value."""
+    start = w.detach().clone()
+    plain = [step() for _ in range(2 + planned)]
+    plain_w = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(start)
+    prof = Profiler(torch.nn.ParameterList([w]), opt)
+    losses = []
+    for _ in range(2):
+        with prof.iteration():
+            losses.append(step())
+    trace = prof.trace()
+    lt = Lifetime(trace)
+    (tmp_path / "p.plan").write_text(f"teraio-plan 1\nkernels {trace.n_kernels} tensors {trace.n_tensors} "
+                                     f"capacity {lt.peak_bytes}\n" + "".join(l + "\n" for l in plan_of(trace, lt)))
+    plan = Plan.load(str(tmp_path / "p.plan"), trace, lt)
+    engine = Engine([ssd_dir], space_bytes=space_bytes)
+    rt = OffloadRuntime(torch.nn.ParameterList([w]), opt, trace, plan, engine)
+    for _ in range(planned):
+        with rt.iteration():
+            losses.append((planned_step or step)())
+    stats = rt.stats()
+    rt.close()
+    return plain, losses, plain_w, stats
+
+
+def _uses(trace, i) -> list[int]:
+    return [k for k in range(trace.n_kernels) if any(j == i for j, _ in trace.kernel_accesses(k))]
+
+
 def test_a_storage_the_program_frees_with_resize_is_not_written_from_freed_memory(ssd_dir, tmp_path):
     """FSDP2 frees its unsharded parameters with untyped_storage().resize_(0)
     after their forward and re-allocates them the same way for the backward;
@@ -489,7 +526,6 @@ def test_a_storage_the_program_frees_with_resize_is_not_written_from_freed_memor
     from teraio.torch.runtime import OffloadRuntime as RT
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(256, 256))
-    start = w.detach().clone()
     opt = torch.optim.SGD([w], lr=0.01)
     gathered = torch.empty(16, 256, 256)       # 4 MiB, lives across steps, as FSDP2's unsharded parameter
 
@@ -510,25 +546,12 @@ def test_a_storage_the_program_frees_with_resize_is_not_written_from_freed_memor
         opt.zero_grad()
         return loss.item()
 
-    plain = [step() for _ in range(5)]
-    plain_w = w.detach().clone()
-    with torch.no_grad():
-        w.copy_(start)
-    prof = Profiler(torch.nn.ParameterList([w]), opt)
-    losses = []
-    for _ in range(2):
-        with prof.iteration():
-            losses.append(step())
-    trace = prof.trace()
-    lt = Lifetime(trace)
-    g = next(i for i in range(trace.n_tensors) if trace.tensor_bytes(i) == 4 << 20)
-    uses = [k for k in range(trace.n_kernels) if any(i == g for i, _ in trace.kernel_accesses(k))]
-    a, b = uses[1], uses[2]                    # its sum in the forward, its copy_ after the gap
-    k = next(k for k in range(a, b) if trace.kernel_name(k) == "aten.mul.Tensor")  # y * 0, after the free
-    (tmp_path / "p.plan").write_text(f"teraio-plan 1\nkernels {trace.n_kernels} tensors {trace.n_tensors} "
-                                     f"capacity {lt.peak_bytes}\noffload {g} {k} {k + 1} ssd {4 << 20}\n"
-                                     f"prefetch {g} {b - 1} {b} ssd {4 << 20}\n")
-    plan = Plan.load(str(tmp_path / "p.plan"), trace, lt)
+    def plan_of(trace, lt):
+        g = next(i for i in range(trace.n_tensors) if trace.tensor_bytes(i) == 4 << 20)
+        a, b = _uses(trace, g)[1:3]                 # its sum in the forward, its copy_ after the gap
+        k = next(k for k in range(a, b) if trace.kernel_name(k) == "aten.mul.Tensor")  # y * 0, after the free
+        return [f"offload {g} {k} {k + 1} ssd {4 << 20}", f"prefetch {g} {b - 1} {b} ssd {4 << 20}"]
+
     stale = []
     real = RT._release
 
@@ -538,16 +561,11 @@ def test_a_storage_the_program_frees_with_resize_is_not_written_from_freed_memor
             stale.append(tensor)
         return real(self, ctx, tensor)
 
-    engine = Engine([ssd_dir], space_bytes=64 << 20)
-    rt = OffloadRuntime(torch.nn.ParameterList([w]), opt, trace, plan, engine)
     RT._release = release
     try:
-        for _ in range(3):
-            with rt.iteration():
-                losses.append(step())
+        plain, losses, plain_w, _ = _plain_then_planned(step, w, opt, plan_of, ssd_dir, tmp_path, planned=3)
     finally:
         RT._release = real
-    rt.close()
     assert losses == plain and torch.equal(w.detach(), plain_w)
     assert not stale, stale
 
@@ -564,7 +582,6 @@ def test_a_storage_freed_while_its_write_is_in_flight_is_held_until_written(ssd_
     let go once written, and the losses are the plain run's."""
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(256, 256))
-    start = w.detach().clone()
     opt = torch.optim.SGD([w], lr=0.01)
     n = (64 << 20) // 4
 
@@ -582,33 +599,18 @@ def test_a_storage_freed_while_its_write_is_in_flight_is_held_until_written(ssd_
         opt.zero_grad()
         return loss.item()
 
-    plain = [step() for _ in range(4)]
-    plain_w = w.detach().clone()
-    with torch.no_grad():
-        w.copy_(start)
-    prof = Profiler(torch.nn.ParameterList([w]), opt)
-    losses = []
-    for _ in range(2):
-        with prof.iteration():
-            losses.append(step())
-    trace = prof.trace()
-    lt = Lifetime(trace)
-    names = [trace.kernel_name(k) for k in range(trace.n_kernels)]
-    last = names.index("aten.sum.default")          # big.sum()
-    big = next(i for i, _ in trace.kernel_accesses(last) if trace.tensor_bytes(i) == n * 4)
-    mm = names.index("aten.mm.default", last)
-    free = names.index("aten.sum.default", mm)    # z.sum(): the kernel before which big was freed
-    (tmp_path / "p.plan").write_text(f"teraio-plan 1\nkernels {trace.n_kernels} tensors {trace.n_tensors} "
-                                     f"capacity {lt.peak_bytes}\noffload {big} {mm} {free - 1} ssd {n * 4}\n")
-    plan = Plan.load(str(tmp_path / "p.plan"), trace, lt)
-    engine = Engine([ssd_dir], space_bytes=256 << 20)
-    rt = OffloadRuntime(torch.nn.ParameterList([w]), opt, trace, plan, engine)
-    for _ in range(2):
-        with rt.iteration():
-            losses.append(step(early=True))
-    stats = rt.stats()
-    rt.close()
-    assert stats["bytes_offloaded"] == 2 * n * 4     # the write ran in both planned steps
+    def plan_of(trace, lt):
+        names = [trace.kernel_name(k) for k in range(trace.n_kernels)]
+        last = names.index("aten.sum.default")      # big.sum()
+        big = next(i for i, _ in trace.kernel_accesses(last) if trace.tensor_bytes(i) == n * 4)
+        mm = names.index("aten.mm.default", last)
+        free = names.index("aten.sum.default", mm)  # z.sum(): the kernel before which big was freed
+        return [f"offload {big} {mm} {free - 1} ssd {n * 4}"]
+
+    plain, losses, plain_w, stats = _plain_then_planned(step, w, opt, plan_of, ssd_dir, tmp_path, planned=2,
+                                                        space_bytes=256 << 20,
+                                                        planned_step=lambda: step(early=True))
+    assert stats["bytes_offloaded"] == 2 * n * 4    # the write ran in both planned steps
     assert losses == plain and torch.equal(w.detach(), plain_w)
 
 
@@ -624,7 +626,6 @@ def test_a_storage_resized_to_0_while_its_write_is_in_flight_is_not_read_after(s
     plain run's."""
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(256, 256))
-    start = w.detach().clone()
     opt = torch.optim.SGD([w], lr=0.01)
     n = 256 * 256 * 256                                 # 64 MiB
     gathered = torch.empty(256, 256, 256)
@@ -646,29 +647,12 @@ def test_a_storage_resized_to_0_while_its_write_is_in_flight_is_not_read_after(s
         opt.zero_grad()
         return loss.item()
 
-    plain = [step() for _ in range(4)]
-    plain_w = w.detach().clone()
-    with torch.no_grad():
-        w.copy_(start)
-    prof = Profiler(torch.nn.ParameterList([w]), opt)
-    losses = []
-    for _ in range(2):
-        with prof.iteration():
-            losses.append(step())
-    trace = prof.trace()
-    lt = Lifetime(trace)
-    g = next(i for i in range(trace.n_tensors) if trace.tensor_bytes(i) == n * 4)
-    uses = [k for k in range(trace.n_kernels) if any(i == g for i, _ in trace.kernel_accesses(k))]
-    a, b = uses[1], uses[2]                             # its sum, its copy_ after the gap
-    mm = next(k for k in range(a, b) if trace.kernel_name(k) == "aten.mm.default")
-    (tmp_path / "p.plan").write_text(f"teraio-plan 1\nkernels {trace.n_kernels} tensors {trace.n_tensors} "
-                                     f"capacity {lt.peak_bytes}\noffload {g} {mm} {b - 2} ssd {n * 4}\n"
-                                     f"prefetch {g} {b - 1} {b} ssd {n * 4}\n")
-    plan = Plan.load(str(tmp_path / "p.plan"), trace, lt)
-    engine = Engine([ssd_dir], space_bytes=256 << 20)
-    rt = OffloadRuntime(torch.nn.ParameterList([w]), opt, trace, plan, engine)
-    for _ in range(2):
-        with rt.iteration():
-            losses.append(step())
-    rt.close()
+    def plan_of(trace, lt):
+        g = next(i for i in range(trace.n_tensors) if trace.tensor_bytes(i) == n * 4)
+        a, b = _uses(trace, g)[1:3]                     # its sum, its copy_ after the gap
+        mm = next(k for k in range(a, b) if trace.kernel_name(k) == "aten.mm.default")
+        return [f"offload {g} {mm} {b - 2} ssd {n * 4}", f"prefetch {g} {b - 1} {b} ssd {n * 4}"]
+
+    plain, losses, plain_w, _ = _plain_then_planned(step, w, opt, plan_of, ssd_dir, tmp_path, planned=2,
+                                                    space_bytes=256 << 20)
     assert losses == plain and torch.equal(w.detach(), plain_w)

@@ -33,7 +33,7 @@ import torch
 
 from .. import _lib as L
 from ..core import Lifetime
-from .pager import Pager, add_stats, why_no_pager
+from .pager import Pager
 from .profiler import Profiler
 from .runtime import OffloadRuntime
 from .session import NoPlan, PlanEntry, Session
@@ -49,9 +49,6 @@ class EagerSession(Session):
 
     def __init__(self, model, optimizer=None, capacity=0.5, ssd=None, **options):
         super().__init__(model, optimizer, capacity, ssd, **options)
-        self._pager: Pager | None = None
-        self._profiling: dict | None = None  # the counters of the pagers that are gone
-        self._pager_off = why_no_pager(self.model, self.optimizer)
         self._prof: Profiler | None = None
         self._cm = None
         self._profile_next()
@@ -62,18 +59,8 @@ class EagerSession(Session):
         A re-profile after plans were made takes over the pager the last
         runtime handed its tensors to (_retire_runtime), so it keeps the
         capacity too."""
-        pager = None
-        if self._pager_off is None:
-            if isinstance(self.capacity, float):
-                cap_bytes, share = 0, self.capacity
-            else:
-                cap_bytes, share = self.capacity, 0.0
-            if self._pager is None:
-                self._pager = Pager(self._engine_for_profiling(), cap_bytes, share, self.model, self.optimizer)
-            else:
-                self._pager.set_capacity(cap_bytes, share)
-            pager = self._pager
-        elif not self._plans:
+        pager = self._profiling_pager()
+        if pager is None and not self._plans:
             log.info("teraio: the profiled steps hold all their memory (%s)", self._pager_off)
         self._prof = Profiler(self.model, self.optimizer, name=self.name, pager=pager)
 
@@ -99,13 +86,6 @@ class EagerSession(Session):
             self._rt, self._entry = None, None
         self._pager = pager
         pager._guard_on()
-
-    def _add_profiling(self, pager: Pager) -> None:
-        """Keep the counters of a pager that goes."""
-        self._profiling = add_stats(self._profiling, pager.stats())
-
-    def _engine_busy(self) -> bool:
-        return self._pager is not None
 
     def _open(self, cm) -> None:
         """Enter the step's iteration context (the profiler's or the runtime's)."""
@@ -135,36 +115,10 @@ class EagerSession(Session):
         return PlanEntry(key, trace, lt, plan, cap)
 
     def _make_runtime(self, entry: PlanEntry) -> OffloadRuntime:
-        """The plan's runtime; the pager of the profiled steps hands it the
-        global tensors (evicted ones with their stored copies) and goes."""
-        pager, self._pager = self._pager, None
-        if pager is not None:
-            pager.begin_step()  # its guard off the mode stack before the runtime's goes on
-        try:
-            return OffloadRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
-                                  staging=self.staging, safe=self.safe, pager=pager)
-        finally:
-            if pager is not None:
-                self._add_profiling(pager)
-                pager.close()
-
-    def _profile_report(self) -> dict:
-        """The pagers' counters of the profiled steps: counts summed, peaks
-        the largest."""
-        if self._pager is None:
-            return {"profiling": self._profiling}
-        return {"profiling": add_stats(self._profiling, self._pager.stats())}
-
-    def _fetch_driver(self) -> None:
-        if self._pager is not None:
-            self._pager.fetch_all()
-
-    def _close_driver(self) -> None:
-        if self._pager is not None:
-            self._add_profiling(self._pager)
-            self._pager.close()
-            self._pager = None
-
+        """The plan's runtime, handed the profiled steps' global tensors."""
+        return self._runtime_from_pager(lambda pager: OffloadRuntime(
+            self.model, self.optimizer, entry.trace, entry.plan, self._engine, staging=self.staging,
+            safe=self.safe, pager=pager))
 
     def _run_begin(self) -> None:
         self._open(self._rt.iteration())

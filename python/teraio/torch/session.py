@@ -57,6 +57,7 @@ from .._args import U64, env_rank, integer
 from ..core import Engine, Lifetime, Plan
 from . import _ids
 from ._ids import global_tensors
+from .pager import Pager, add_stats, why_no_pager
 
 log = logging.getLogger("teraio")
 
@@ -271,6 +272,11 @@ class Session:
         self._readers_error: str | None = None
         self._boundaries = 0                   # boundaries that let readers in
         self._admit_left = 0                   # readers the open boundary still waits for
+        # The profiled steps' pager (teraio.torch.pager), both drivers': why there can be none
+        # (None: there can), the one in use, and the counters of those that are gone.
+        self._pager_off = why_no_pager(self.model, self.optimizer)
+        self._pager: Pager | None = None
+        self._profiling: dict | None = None
 
     # -- public ---------------------------------------------------------------
     def step(self):
@@ -437,8 +443,50 @@ class Session:
         return out
 
     def _profile_report(self) -> dict:
-        """What the driver says of its profiled steps (the pager's counters)."""
-        return {"profiling": None}
+        """The pagers' counters of the profiled steps: counts summed, peaks
+        the largest."""
+        if self._pager is None:
+            return {"profiling": self._profiling}
+        return {"profiling": add_stats(self._profiling, self._pager.stats())}
+
+    # -- the profiled steps' pager ----------------------------------------------
+    pager_guard_class = None  # the pager's guard between steps (None: teraio.torch._ids.FetchGuard)
+
+    def _profiling_pager(self) -> Pager | None:
+        """The pager the next profiled step keeps the capacity with (made
+        over the profiling engine, or set to the capacity); None where
+        there can be none (_pager_off says why)."""
+        if self._pager_off is not None:
+            return None
+        if isinstance(self.capacity, float):
+            cap_bytes, share = 0, self.capacity
+        else:
+            cap_bytes, share = self.capacity, 0.0
+        if self._pager is None:
+            self._pager = Pager(self._engine_for_profiling(), cap_bytes, share, self.model, self.optimizer)
+            if self.pager_guard_class is not None:
+                self._pager._guard = self.pager_guard_class(self._pager._guard_fetch)
+        else:
+            self._pager.set_capacity(cap_bytes, share)
+        return self._pager
+
+    def _add_profiling(self, pager: Pager) -> None:
+        """Keep the counters of a pager that goes."""
+        self._profiling = add_stats(self._profiling, pager.stats())
+
+    def _runtime_from_pager(self, make):
+        """`make(pager)`: the plan's runtime, to which the pager of the
+        profiled steps (None if there is none) hands the global tensors
+        (evicted ones with their stored copies); the pager then goes."""
+        pager, self._pager = self._pager, None
+        if pager is not None:
+            pager.begin_step()  # its guard off the mode stack before the runtime's goes on
+        try:
+            return make(pager)
+        finally:
+            if pager is not None:
+                self._add_profiling(pager)
+                pager.close()
 
     def close(self) -> None:
         """Bring everything back and release the engine and its files."""
@@ -458,10 +506,16 @@ class Session:
         _release(self)
 
     def _close_driver(self) -> None:
-        """What the driver holds besides the runtime (its pager)."""
+        """Close what the session holds besides the runtime (the pager)."""
+        if self._pager is not None:
+            self._add_profiling(self._pager)
+            self._pager.close()
+            self._pager = None
 
     def _fetch_driver(self) -> None:
-        """fetch_all() of what the driver holds besides the runtime (its pager)."""
+        """fetch_all() of what the session holds besides the runtime (the pager)."""
+        if self._pager is not None:
+            self._pager.fetch_all()
 
     def __enter__(self):
         return self
@@ -551,7 +605,7 @@ class Session:
     def _engine_busy(self) -> bool:
         """Does something other than a runtime keep bytes in the engine (the
         pager of the profiled steps)?  Then it is not made again."""
-        return False
+        return self._pager is not None
 
     def _engine_for_profiling(self) -> Engine:
         """The engine the profiled steps evict to, before any trace says how

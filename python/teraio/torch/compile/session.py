@@ -90,7 +90,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispat
 from ... import _lib as L
 from ...core import Lifetime, Trace
 from .._ids import FetchGuard, global_tensors
-from ..pager import Pager, add_stats, why_no_pager
+from ..pager import Pager
 from ..runtime import OffloadRuntime
 from ..session import NoPlan, Session, Unplannable
 from . import ops, passes
@@ -220,6 +220,7 @@ class CompiledSession(Session):
     as Inductor compiled them."""
 
     mode = "compiled"
+    pager_guard_class = _CompiledGuard   # Dynamo compiles and runs compiled code under it
 
     def __init__(self, model: torch.nn.Module, optimizer=None, capacity=0.5, ssd=None, *,
                  compile_model: bool = True, **options):
@@ -234,9 +235,6 @@ class CompiledSession(Session):
         self._curve: list | None = None
         self._curve_points: list | None = None
         self._iteration = None                # the runtime's iteration of the step running
-        self._pager: Pager | None = None      # the profiled steps' (teraio.torch.pager)
-        self._pager_off = why_no_pager(model, optimizer)
-        self._profiling: dict | None = None   # the counters of the pagers that are gone
         self._off_plan: _OffPlanMode | None = None  # on the mode stack through a planned step
         if compile_model:
             model.compile(backend=self.backend, dynamic=False)
@@ -432,58 +430,21 @@ class CompiledSession(Session):
 
     # -- the driver's part of the session -----------------------------------------
     def _make_runtime(self, entry: StepPlan) -> _GraphRuntime:
-        """The plan's runtime; the pager of the profiled steps hands it the
-        global tensors (evicted ones with their stored copies) and goes."""
-        pager, self._pager = self._pager, None
-        if pager is not None:
-            pager.begin_step()  # its guard off the mode stack
-        try:
-            rt = _GraphRuntime(self.model, self.optimizer, entry.trace, entry.plan, self._engine,
-                               staging=self.staging, safe=self.safe, pager=pager)
-        finally:
-            if pager is not None:
-                self._profiling = add_stats(self._profiling, pager.stats())
-                pager.close()
+        """The plan's runtime, handed the profiled steps' global tensors;
+        the graphs' variants with the plan's calls compiled."""
+        rt = self._runtime_from_pager(lambda pager: _GraphRuntime(
+            self.model, self.optimizer, entry.trace, entry.plan, self._engine, staging=self.staging,
+            safe=self.safe, pager=pager))
         for info in {x.info.gid: x.info for x in entry.instances}.values():
             self._variant(info, entry)
         return rt
 
     def _profiling_pager(self) -> Pager | None:
-        """The pager the next profiled step keeps the capacity with (None:
-        it cannot, said once: the step holds all its memory)."""
+        """The session's pager (Session._profiling_pager); where there can be
+        none, said once: the profiled steps hold all their memory."""
         if self._pager_off is not None:
             self._warn(("no pager",), f"teraio: the profiled steps hold all their memory ({self._pager_off})")
-            return None
-        if isinstance(self.capacity, float):
-            cap_bytes, share = 0, self.capacity
-        else:
-            cap_bytes, share = self.capacity, 0.0
-        if self._pager is None:
-            self._pager = Pager(self._engine_for_profiling(), cap_bytes, share, self.model, self.optimizer)
-            self._pager._guard = _CompiledGuard(self._pager._guard_fetch)
-        else:
-            self._pager.set_capacity(cap_bytes, share)
-        return self._pager
-
-    def _engine_busy(self) -> bool:
-        return self._pager is not None
-
-    def _profile_report(self) -> dict:
-        """The pagers' counters of the profiled steps: counts summed, peaks
-        the largest."""
-        if self._pager is None:
-            return {"profiling": self._profiling}
-        return {"profiling": add_stats(self._profiling, self._pager.stats())}
-
-    def _fetch_driver(self) -> None:
-        if self._pager is not None:
-            self._pager.fetch_all()
-
-    def _close_driver(self) -> None:
-        if self._pager is not None:
-            self._profiling = add_stats(self._profiling, self._pager.stats())
-            self._pager.close()
-            self._pager = None
+        return super()._profiling_pager()
 
     def _end_iteration(self) -> None:
         """The runtime's iteration ends (intermediate tensors come back and
