@@ -371,6 +371,23 @@ class Pager:
         if slot is not None and not L.tio_pager_is_resident(self._p, slot):
             L.check(L.tio_pager_fetch(self._p, slot))
 
+    def operator_begin(self, args, kwargs, collective: bool, out_bytes) -> None:
+        """Before an operator of a step this pager keeps: what it reads is
+        brought back, then room is made for what it will make
+        (`out_bytes()`, bytes).  A collective's (`collective`) buffers are
+        pinned instead: another thread (gloo's worker) reads and writes them
+        until it completes, which no later operator shows."""
+        self.kernel_begin()
+        for t in iter_tensors((args, kwargs)):
+            (self.pin if collective else self.use)(t.untyped_storage())
+        if not collective:
+            self.reserve(out_bytes())
+
+    def operator_end(self, out, collective: bool) -> None:
+        """After it: what it made is tracked (a collective's pinned)."""
+        for t in iter_tensors(out):
+            (self.pin if collective else self.track)(t.untyped_storage())
+
     def kernel_begin(self, reserve_bytes: int = 0) -> None:
         self.drain()
         L.check(L.tio_pager_kernel_begin(self._p))

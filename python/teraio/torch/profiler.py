@@ -72,11 +72,8 @@ class _Recorder(TorchDispatchMode):
         pager = p.pager
         collective = name.startswith("c10d.")
         if pager is not None:
-            pager.kernel_begin()
-            for t in iter_tensors((args, kwargs)):
-                (pager.pin if collective else pager.use)(t.untyped_storage())
-            if not collective:
-                pager.reserve(p._expected_out_bytes(name) or new_output_bytes(func, args, kwargs))
+            pager.operator_begin(args, kwargs, collective,
+                                 lambda: p._expected_out_bytes(name) or new_output_bytes(func, args, kwargs))
         for t in iter_tensors((args, kwargs)):
             i = p._id_of(t.untyped_storage())
             if i is not None:

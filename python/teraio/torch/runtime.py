@@ -697,16 +697,10 @@ class OffloadRuntime:
         """One operator of a diverged iteration, under the pager."""
         pager = self._paging
         collective = name.startswith("c10d.")   # its buffers are another thread's until it completes
-        pager.kernel_begin()
-        for t in iter_tensors((args, kwargs)):
-            (pager.pin if collective else pager.use)(t.untyped_storage())
-        pager.reserve(0 if collective else new_output_bytes(func, args, kwargs))
+        pager.operator_begin(args, kwargs, collective, lambda: new_output_bytes(func, args, kwargs))
         out = func(*args, **kwargs)
-        sizes = []
-        for t in iter_tensors(out):
-            st = t.untyped_storage()
-            sizes.append((st.nbytes(), t.shape))
-            (pager.pin if collective else pager.track)(st)
+        sizes = [(t.untyped_storage().nbytes(), t.shape) for t in iter_tensors(out)]  # before tracking evicts
+        pager.operator_end(out, collective)
         self._signature.append((name, tuple(sizes)))
         if self._curve is not None:
             self._note_curve()

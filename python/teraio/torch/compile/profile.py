@@ -95,11 +95,7 @@ class _EagerMode(TorchDispatchMode):
         pager = rec.pager
         collective = name.startswith("c10d.")
         if pager is not None:
-            pager.kernel_begin()
-            for t in iter_tensors((args, kwargs)):
-                (pager.pin if collective else pager.use)(t.untyped_storage())
-            if not collective:
-                pager.reserve(new_output_bytes(func, args, kwargs))
+            pager.operator_begin(args, kwargs, collective, lambda: new_output_bytes(func, args, kwargs))
         if _is_view(func):
             return func(*args, **kwargs)
         for t in iter_tensors((args, kwargs)):
@@ -111,7 +107,7 @@ class _EagerMode(TorchDispatchMode):
             st = t.untyped_storage()
             if pager is not None:
                 (pager.pin if collective else pager.track)(st)
-            rec.eager_use(st, WRITE)
+            rec.eager_use(st, WRITE)  # its bytes, tracked before the next output can evict it
         return out
 
 
