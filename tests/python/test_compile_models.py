@@ -274,3 +274,33 @@ def test_a_tensor_moved_in_every_gap_is_never_read_while_away(kind):
     finally:
         ops.set_handler(cs._dispatch_op)
     assert checked > 50
+
+
+def test_a_capacity_the_compiled_plan_cannot_reach_is_refused(tmp_path):
+    """A new user's GPT-2 (4 layers, width 256, vocabulary 2048, batch
+    4 x 128) compiled with its optimizer step, at 0.3 of its peak: above the
+    trace's working-set floor, but what Inductor's code holds inside its
+    graphs cannot move, and the plan reached 46.7 MB against 32.3 MB.  The
+    session ran it anyway, 1472-1496 kernels over the capacity, with only a
+    warning in the log (a memory limit would have killed the job).  Now the
+    end of the profiled steps refuses it as the eager path refuses a
+    capacity below its floor, saying why and what to do."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, n_positions=128)
+    model = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    off = teraio.torch.offload(model, opt, capacity=0.3, ssd=str(tmp_path), compile=True, ssd_gbps=(1.0, 1.0))
+    opt.step = torch.compile(opt.step, backend=off.backend)
+    g = torch.Generator().manual_seed(1)
+    with pytest.raises(ValueError, match=r"no plan for capacity \d+ bytes: the compiled step's plan for it "
+                                         r"reaches \d+ bytes .*inside a compiled graph cannot move.*compile=False"):
+        for _ in range(2):
+            x = torch.randint(0, 2048, (4, 128), generator=g)
+            with off.step():
+                loss = model(input_ids=x, labels=x).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    assert off.report()["over_capacity_kernels"] == 0
+    off.close()

@@ -489,7 +489,18 @@ class CompiledSession(Session):
                 extra[(a, b)] = extra.get((a, b), 0) + nbytes
             trace = Trace.build(self.name, *with_extra(prof, extra))
             lt = Lifetime(trace)
-        if plan.fits and entry.expected_peak() > cap:
+        if not plan.fits:
+            # The eager path's planner refuses a capacity below its floor; here what Inductor's
+            # code holds inside a graph cannot move, so a capacity above the trace's floor can
+            # still be out of reach.  Running over it would break the promise (a memory limit
+            # kills the job): refused.
+            raise NoPlan(cap, f"the compiled step's plan for it reaches {plan.planned_peak_bytes} bytes "
+                              f"({plan.planned_peak_bytes / 2**20:.2f} MiB): tensors inside a compiled graph "
+                              f"cannot move (only parameters, gradients, optimizer states and the activations "
+                              f"a forward graph saves for its backward do), and the SSD's bandwidth bounds "
+                              f"what moves in time; give a larger capacity, or compile=False, whose floor is "
+                              f"the most one operator touches (docs/compile.md, 'Limits')")
+        if entry.expected_peak() > cap:
             log.warning("teraio: the compiled step's plan for capacity %d bytes does not fit on Inductor's "
                         "code: planned peak %d, on the code %d", cap, plan.planned_peak_bytes,
                         entry.expected_peak())
