@@ -285,8 +285,8 @@ class OffloadRuntime:
             if m["kind"] == "offload":
                 self._offload_at.setdefault(m["trigger"], []).append((m["tensor"], m["deadline"]))
         # id -> (storage, deadline) of each write in flight: the storage is held until its write
-        # is done (see _hold_writes)
-        self._writing: dict[int, tuple[object, int]] = {}
+        # is done (see _hold_write)
+        self._writing: dict[int, tuple[object, int | None]] = {}
         self._addr: dict[int, int] = {}               # id -> the address the C runtime has
         self._freed_by_program: set[int] = set()      # ids unbound by _check_offloads
         # The C engine, which the C runtime keeps alive (tio_engine_retain) even after the
@@ -458,22 +458,25 @@ class OffloadRuntime:
             if st is None or i in self._released:
                 continue
             nbytes, addr = st.nbytes(), st.data_ptr()
+            due = deadline if deadline > k else None  # None: due in the next iteration (wraps)
             if nbytes == self._trace_bytes[i] and addr == self._addr.get(i):
-                self._hold_write(i, st, deadline)
+                self._hold_write(i, st, due)
                 continue
             if nbytes == self._trace_bytes[i]:
                 self._bind(i, st)   # rebinding replaces the address
-                self._hold_write(i, st, deadline)
+                self._hold_write(i, st, due)
                 continue
             del self._bound[i]
             self._addr.pop(i, None)
             L.check(L.tio_runtime_tensor_unbind(self._p, i))
             self._freed_by_program.add(i)
 
-    def _hold_write(self, i: int, st, deadline: int) -> None:
+    def _hold_write(self, i: int, st, deadline: int | None) -> None:
         """The write of tensor `i` (storage `st`) starts at this kernel and
-        is due at `deadline`: `st` is held, and its resizes watched, until
-        the write is done (_settle_writes, _resize_storage)."""
+        is due at kernel `deadline` of this iteration (None: of the next,
+        a wrap-around period): `st` is held, and its resizes watched, until
+        the write is done (_settle_writes; the release that follows it;
+        _resize_storage)."""
         self._writing[i] = (st, deadline)
         _in_flight[st._cdata] = (self, i)
         _guard_resizes()
@@ -515,7 +518,7 @@ class OffloadRuntime:
         alive (the program dropped it) is unbound, which waits for its
         write, and let go: its memory is freed then, not before."""
         for i, (st, deadline) in list(self._writing.items()):
-            if done_by is not None and deadline <= done_by:
+            if done_by is not None and deadline is not None and deadline <= done_by:
                 self._not_writing(i)
             elif torch._C._storage_Use_Count(st._cdata) == 1:
                 self._not_writing(i)
