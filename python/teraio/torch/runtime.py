@@ -466,10 +466,17 @@ class OffloadRuntime:
                 self._bind(i, st)   # rebinding replaces the address
                 self._hold_write(i, st, due)
                 continue
-            del self._bound[i]
-            self._addr.pop(i, None)
-            L.check(L.tio_runtime_tensor_unbind(self._p, i))
+            self._unbind(i)
             self._freed_by_program.add(i)
+
+    def _unbind(self, i: int) -> None:
+        """Tensor `i`'s storage is no longer the runtime's (it died, or the
+        program freed or resized its bytes): forgotten here and unbound in
+        C, which waits for its I/O and drops its stored copy."""
+        del self._bound[i]
+        self._addr.pop(i, None)
+        self._released.discard(i)
+        L.check(L.tio_runtime_tensor_unbind(self._p, i))
 
     def _hold_write(self, i: int, st, deadline: int | None) -> None:
         """The write of tensor `i` (storage `st`) starts at this kernel and
@@ -500,10 +507,7 @@ class OffloadRuntime:
             return
         self._not_writing(i)
         if i in self._bound:
-            del self._bound[i]
-            self._addr.pop(i, None)
-            self._released.discard(i)
-            L.check(L.tio_runtime_tensor_unbind(self._p, i))
+            self._unbind(i)
             self._freed_by_program.add(i)
 
     def _settle_writes(self, done_by: int | None = None) -> None:
@@ -524,9 +528,7 @@ class OffloadRuntime:
                 self._not_writing(i)
                 b = self._bound.get(i)
                 if b is not None and b[0] == st._cdata:
-                    del self._bound[i]
-                    self._released.discard(i)
-                    L.check(L.tio_runtime_tensor_unbind(self._p, i))
+                    self._unbind(i)
         st = None
 
     def _bind_globals(self, pager=None) -> None:
@@ -721,9 +723,7 @@ class OffloadRuntime:
             i, key = self._deaths.pop()
             b = self._bound.get(i)
             if b is not None and b[0] == key:
-                del self._bound[i]
-                self._released.discard(i)
-                L.check(L.tio_runtime_tensor_unbind(self._p, i))
+                self._unbind(i)
         if self._untracked_freed:
             n, self._untracked_freed = self._untracked_freed, 0
             L.check(L.tio_runtime_account_untracked(self._p, -n))
