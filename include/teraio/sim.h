@@ -32,6 +32,8 @@
  *   gpu_matmul_tflops, gpu_vector_tflops, gpu_mem_gbps, matmul_efficiency,
  *   mem_efficiency, kernel_overhead_us   optional: the roofline constants
  *                        the paper tracer (python/teraio/paper.py) reads
+ *   gpu_matmul_16bit_tflops  optional: dense bf16/fp16 tensor-core rate, for
+ *                        traces of 16-bit models (teraio advise --dtype bf16)
  *   host_overhead_us     optional, >= 0 (default 0): compute-stream time per
  *                        kernel that the trace's kernel times leave out —
  *                        the framework's and the offload adapter's dispatch
@@ -72,6 +74,7 @@ typedef struct {
     double gpu_matmul_tflops, gpu_vector_tflops, gpu_mem_gbps;
     double matmul_efficiency, mem_efficiency, kernel_overhead_us;
     double host_overhead_us, migration_host_ns_per_byte;
+    double gpu_matmul_16bit_tflops;
 } tio_hw;
 
 /* Parse a profile from memory (`len` bytes, need not be NUL-terminated);

@@ -18,6 +18,7 @@
 #include "teraio/runtime.h"
 #include "teraio/pager.h"
 #include "teraio/sim.h"
+#include "teraio/advise.h"
 #include "teraio/tok.h"
 #include "teraio/data.h"
 #endif

@@ -20,6 +20,8 @@ def _binary() -> str:
 
 def main() -> None:
     exe = _binary()
+    # `teraio advise --model` runs the tracer in this Python.
+    os.environ.setdefault("TERAIO_PYTHON", sys.executable)
     os.execv(exe, [exe] + sys.argv[1:])
 
 

@@ -210,7 +210,8 @@ class Hw(Structure):
                 ("gpu_matmul_tflops", c_double), ("gpu_vector_tflops", c_double),
                 ("gpu_mem_gbps", c_double), ("matmul_efficiency", c_double),
                 ("mem_efficiency", c_double), ("kernel_overhead_us", c_double),
-                ("host_overhead_us", c_double), ("migration_host_ns_per_byte", c_double)]
+                ("host_overhead_us", c_double), ("migration_host_ns_per_byte", c_double),
+                ("gpu_matmul_16bit_tflops", c_double)]
 
 
 class SimCalibration(Structure):

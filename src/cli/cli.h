@@ -18,6 +18,7 @@ int cmd_analyze(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_advise(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_data(int argc, char **argv);

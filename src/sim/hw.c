@@ -47,6 +47,7 @@ static const field FIELDS[] = {
     FIELD(kernel_overhead_us, F_NONNEG, false),
     FIELD(host_overhead_us, F_NONNEG, false),
     FIELD(migration_host_ns_per_byte, F_NONNEG, false),
+    FIELD(gpu_matmul_16bit_tflops, F_POS, false),
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

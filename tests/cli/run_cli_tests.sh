@@ -380,6 +380,44 @@ expect_status "eval trace: a good trace and profile" 0 \
   "$teraio" eval trace "$work/plan.tio" --hw "$work/ok.conf" --json
 expect_status "eval --help" 0 "$teraio" eval --help
 
+# --- teraio advise -------------------------------------------------------------
+# plan.tio (above) has no "tokens=" in its model text: --tokens gives them.
+adv=("$teraio" advise --trace "$work/plan.tio" --hw "$work/ok.conf" --tokens 1000)
+expect_status "advise --help" 0 "$teraio" advise --help
+expect_one_line_error "advise: no model" "$teraio" advise --hw "$work/ok.conf"
+expect_one_line_error "advise: two models" "$teraio" advise --model gpt2 --trace "$work/plan.tio" --hw "$work/ok.conf"
+expect_one_line_error "advise: no --hw" "$teraio" advise --trace "$work/plan.tio" --tokens 1
+expect_one_line_error "advise: missing --hw file" "$teraio" advise --trace "$work/plan.tio" --tokens 1 --hw "$work/none.conf"
+expect_one_line_error "advise: garbled --hw" "$teraio" advise --trace "$work/plan.tio" --tokens 1 --hw "$work/garbled.conf"
+expect_one_line_error "advise: missing trace" "$teraio" advise --trace "$work/none.tio" --tokens 1 --hw "$work/ok.conf"
+expect_one_line_error "advise: trace without tokens" "$teraio" advise --trace "$work/plan.tio" --hw "$work/ok.conf"
+expect_one_line_error "advise: --tokens with --model" "$teraio" advise --model gpt2 --tokens 5 --hw "$work/ok.conf"
+expect_one_line_error "advise: --ssds 0" "${adv[@]}" --ssds 0
+expect_one_line_error "advise: --ssds backwards range" "${adv[@]}" --ssds 8-1
+expect_one_line_error "advise: --ssds empty item" "${adv[@]}" --ssds 1,,2
+expect_one_line_error "advise: --ssds trailing comma" "${adv[@]}" --ssds 1,
+expect_one_line_error "advise: --gpus huge range" "${adv[@]}" --gpus 1-1000
+expect_one_line_error "advise: --gpu-mem not bytes" "${adv[@]}" --gpu-mem lots
+expect_one_line_error "advise: --gpu-mem 0" "${adv[@]}" --gpu-mem 0
+expect_one_line_error "advise: --host-cap negative" "${adv[@]}" --host-cap -5GB
+expect_one_line_error "advise: --target above 1" "${adv[@]}" --target 1.5
+expect_one_line_error "advise: --target 0" "${adv[@]}" --target 0
+expect_one_line_error "advise: negative price" "${adv[@]}" --price-ssd -3
+expect_one_line_error "advise: --ssd-gbps bad write" "${adv[@]}" --ssd-gbps 7,x
+expect_one_line_error "advise: --dtype fp8" "${adv[@]}" --dtype fp8
+expect_one_line_error "advise: --optimizer lion" "${adv[@]}" --optimizer lion
+expect_one_line_error "advise: too many points" "${adv[@]}" --gpus 1-64 --ssds 1-64 --host-cap 0,1,2
+expect_one_line_error "advise: unknown option" "${adv[@]}" --fast
+expect_one_line_error "advise: --svg into a missing directory" "${adv[@]}" --svg "$work/no/dir/a.svg"
+expect_one_line_error "advise: tracer that cannot start" \
+  env TERAIO_PYTHON="$work/no-python" "$teraio" advise --model gpt2 --hw "$work/ok.conf"
+expect_status "advise: a sweep" 0 "${adv[@]}" --ssds 1-3 --gpu-mem 4000,1000 --host-cap 0,1MB \
+  --price-gpu-hour 2 --price-ssd 100 --svg "$work/advise.svg"
+expect_true "advise --svg: one panel per GPU memory and host cap" \
+  test "$(grep -c "GB per GPU</text>" "$work/advise.svg")" -eq 4
+"${adv[@]}" --gpus 1,2 --ssds 1 --json >"$work/advise.json" 2>/dev/null || true
+expect_true "advise --json: two rows" test "$(grep -c '"gpus": ' "$work/advise.json")" -eq 2
+
 # --- teraio data ---------------------------------------------------------------
 mkdir -p "$work/data-src/web" "$work/data-src/code"
 for i in 1 2 3 4 5 6 7 8; do

@@ -1,0 +1,296 @@
+"""`teraio advise` from Python, and the tracer the command runs.
+
+``teraio.advise.advise(...)`` answers before a run: does the model train on
+this hardware, how fast under teraio, ZeRO-Infinity and ZeRO-Offload against
+unlimited memory, and what a million tokens cost (docs/advise.md).  It runs
+the ``teraio advise`` command (the C library does the sharding, planning,
+simulation and search) and returns its JSON document as a dict.
+
+The command gets its trace from here: ``python -m teraio.advise trace``
+runs the model's real Hugging Face code on PyTorch's meta device under
+``teraio.torch.Profiler`` (shapes and lifetimes are real, nothing is
+computed or allocated), times each kernel by the profile's roofline
+(``teraio.paper.Roofline``), and caches the trace by everything that
+changes it.  ``python -m teraio.advise models`` lists the built-in models.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+from . import paper
+from ._lib import TeraioError
+
+# Built-in models beyond the paper's (teraio.paper.MODELS): values of each
+# model's config.json on Hugging Face (openai-community/gpt2 and gpt2-xl,
+# meta-llama/Llama-2-7b-hf, mistralai/Mistral-7B-v0.1, Qwen/Qwen2.5-0.5B
+# and Qwen2.5-7B, meta-llama/Llama-3.1-405B).  "model_type" picks the
+# transformers class, as in a config.json.
+COMMON_MODELS = {
+    "gpt2": dict(model_type="gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=50257,
+                 n_positions=1024),
+    "gpt2-xl": dict(model_type="gpt2", n_embd=1600, n_layer=48, n_head=25, vocab_size=50257,
+                    n_positions=1024),
+    "llama2-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                      vocab_size=32000, max_position_embeddings=4096, rope_theta=10000.0,
+                      tie_word_embeddings=False),
+    "mistral-7b": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       vocab_size=32000, max_position_embeddings=32768, rope_theta=10000.0,
+                       sliding_window=4096, tie_word_embeddings=False),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+                         tie_word_embeddings=True),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       vocab_size=152064, max_position_embeddings=131072, rope_theta=1000000.0,
+                       tie_word_embeddings=False),
+    "llama3.1-405b": dict(model_type="llama", hidden_size=16384, intermediate_size=53248,
+                          num_hidden_layers=126, num_attention_heads=128, num_key_value_heads=8,
+                          vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
+                          tie_word_embeddings=False),
+}
+
+# Bumped whenever a change here changes the traces (part of the cache key).
+TRACER_VERSION = 1
+
+DTYPES = ("fp32", "bf16")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+
+def models() -> dict:
+    """Every built-in model's configuration (config.json keys), by name."""
+    out = {}
+    for name, spec in paper.MODELS.items():
+        spec = dict(spec)
+        cls = spec.pop("cls")
+        spec.pop("params")
+        out[name] = dict(model_type="llama" if cls == "llama" else "gpt_bigcode", **spec)
+    out.update(COMMON_MODELS)
+    return out
+
+
+def _config(model: str | None, config: str | None) -> tuple[str, dict]:
+    if config is not None:
+        try:
+            with open(config, encoding="utf-8") as f:
+                d = json.load(f)
+        except OSError as e:
+            raise TeraioError(-(e.errno or 5), f"{config}: cannot read: {e.strerror}") from None
+        except ValueError as e:
+            raise TeraioError(-5001, f"{config}: not a JSON config: {e}") from None
+        if not isinstance(d, dict) or not isinstance(d.get("model_type"), str):
+            raise TeraioError(-5001, f"{config}: no \"model_type\" (a transformers config.json "
+                                     f"names its model type)")
+        return os.path.basename(os.path.dirname(os.path.abspath(config))) or "config", d
+    table = models()
+    if model not in table:
+        raise TeraioError(-22, f"unknown model '{model}' (built in: {', '.join(sorted(table))}; "
+                               f"or give a config.json)")
+    return model, table[model]
+
+
+def build_model(cfg: dict, dtype: str, checkpointing: bool):
+    """The model on the meta device, with causal FlashAttention as an H100 runs it."""
+    import torch
+    import transformers
+    from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+    transformers.logging.set_verbosity_error()
+    AttentionInterface.register("teraio_meta_sdpa", paper._flash_attention)
+    d = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype", "dtype",
+                                                  "transformers_version", "_name_or_path")}
+    try:
+        conf = AutoConfig.for_model(d.pop("model_type"), **d)
+    except (ValueError, TypeError, KeyError) as e:
+        raise TeraioError(-22, f"model config: {e}") from None
+    conf.use_cache = False
+    conf._attn_implementation = "teraio_meta_sdpa"
+    with torch.device("meta"):
+        net = AutoModelForCausalLM.from_config(conf)
+    net = net.to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    net.train()
+    if checkpointing:
+        net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return net
+
+
+def _optimizer(name: str, params):
+    import torch
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=False, fused=False)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4, foreach=False, fused=False)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False)
+
+
+class _Roofline16(paper.Roofline):
+    """The roofline with 16-bit matrix products on the tensor cores."""
+
+    def __init__(self, hw: dict):
+        super().__init__(hw)
+        rate = hw.get("gpu_matmul_16bit_tflops", 0)
+        if not rate > 0:
+            raise TeraioError(-22, f"hardware profile {hw['name']} has no gpu_matmul_16bit_tflops "
+                                   f"(the tensor-core rate a bf16 model's matrix products run at)")
+        self.mm_flops = rate * 1e12 * hw["matmul_efficiency"]
+
+
+def cache_key(name: str, cfg: dict, batch: int, seq: int, dtype: str, optimizer: str,
+              checkpointing: bool, hw: dict) -> str:
+    """The trace's file name: the model's name and a hash of all that shapes it."""
+    import torch
+    import transformers
+    roof = {k: hw[k] for k in ("gpu_matmul_tflops", "gpu_vector_tflops", "gpu_mem_gbps",
+                               "matmul_efficiency", "mem_efficiency", "kernel_overhead_us",
+                               "gpu_matmul_16bit_tflops")}
+    blob = json.dumps([cfg, batch, seq, dtype, optimizer, checkpointing, roof, TRACER_VERSION,
+                       paper.TRACER_VERSION, torch.__version__, transformers.__version__],
+                      sort_keys=True)
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:40]
+    return f"{safe}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.tio"
+
+
+def default_cache() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "teraio", "advise")
+
+
+def trace(model: str | None = None, config: str | None = None, *, hw: str, batch: int = 1,
+          seq: int = 2048, dtype: str = "fp32", optimizer: str = "adamw",
+          checkpointing: bool = False, cache: str | None = None) -> tuple[str, int]:
+    """Trace one GPU's iteration (cached); returns (path, tokens per iteration)."""
+    import torch
+    from .core import Trace
+    from .torch import Profiler
+
+    if dtype not in DTYPES or optimizer not in OPTIMIZERS:
+        raise TeraioError(-22, f"dtype must be one of {DTYPES} and optimizer one of {OPTIMIZERS}")
+    if batch < 1 or seq < 1:
+        raise TeraioError(-22, f"batch and seq must be >= 1 (got {batch}, {seq})")
+    name, cfg = _config(model, config)
+    hwd = paper.read_hw(hw)
+    cache = cache or default_cache()
+    path = os.path.join(cache, cache_key(name, cfg, batch, seq, dtype, optimizer, checkpointing,
+                                         hwd))
+    tokens = batch * seq
+    if os.path.exists(path):
+        return path, tokens
+    roof = _Roofline16(hwd) if dtype == "bf16" else paper.Roofline(hwd)
+    net = build_model(cfg, dtype, checkpointing)
+    opt = _optimizer(optimizer, net.parameters())
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+
+    def step():  # gradients freed after the step, as TorchTitan and HF's Trainer do
+        net(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # creates the gradients and optimizer states
+    text = (f"advise {name} batch={batch} seq={seq} dtype={dtype} optimizer={optimizer} "
+            f"checkpointing={int(checkpointing)} tokens={tokens}")
+    prof = Profiler(net, opt, text, kernel_time=roof)
+    with prof.iteration():
+        step()
+    tensors, kernels = paper.shard_and_prune(*prof.records(), shards=1)
+    os.makedirs(cache, exist_ok=True)
+    tmp = f"{path}.part.{os.getpid()}"
+    try:
+        Trace.build(text, tensors, kernels).save(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path, tokens
+
+
+def _list(v) -> str:
+    return ",".join(str(x) for x in v) if isinstance(v, (list, tuple, range)) else str(v)
+
+
+def advise(model: str | None = None, *, config: str | None = None, trace_path: str | None = None,
+           hw: str, batch: int = 1, seq: int = 2048, dtype: str = "fp32",
+           optimizer: str = "adamw", checkpointing: bool = False, gpus=None, gpu_mem=None,
+           ssds=None, host_cap=None, ssd_gbps=None, pcie_gbps=None, price_gpu_hour=None,
+           price_ssd=None, price_host_gb=None, amortize_years=None, target: float = 0.9,
+           tokens: int | None = None, cache: str | None = None, threads: int | None = None,
+           svg: str | None = None) -> dict:
+    """Run ``teraio advise --json`` and return its document (docs/advise.md).
+
+    Lists (gpus, gpu_mem, ssds, host_cap) take a sequence or the command's
+    syntax ("1-8", "80GB,141GB"); sizes are bytes or strings with units.
+    Raises TeraioError with the command's one-line message on bad input."""
+    from .__main__ import _binary
+    argv = [_binary(), "advise", "--json", "--hw", hw, "--batch", str(batch), "--seq", str(seq),
+            "--dtype", dtype, "--optimizer", optimizer, "--target", str(target)]
+    for flag, v in (("--model", model), ("--config", config), ("--trace", trace_path),
+                    ("--gpus", gpus), ("--gpu-mem", gpu_mem), ("--ssds", ssds),
+                    ("--host-cap", host_cap), ("--ssd-gbps", ssd_gbps), ("--pcie-gbps", pcie_gbps),
+                    ("--price-gpu-hour", price_gpu_hour), ("--price-ssd", price_ssd),
+                    ("--price-host-gb", price_host_gb), ("--amortize-years", amortize_years),
+                    ("--tokens", tokens), ("--cache", cache), ("--threads", threads),
+                    ("--svg", svg)):
+        if v is not None:
+            argv += [flag, _list(v)]
+    if checkpointing:
+        argv.append("--checkpointing")
+    env = dict(os.environ, TERAIO_PYTHON=sys.executable)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if r.returncode:
+        lines = r.stderr.strip().splitlines()
+        raise TeraioError(-22 if r.returncode == 2 else -5, lines[-1] if lines else
+                          f"teraio advise failed (exit {r.returncode})")
+    return json.loads(r.stdout)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["models"]:
+        for name, cfg in sorted(models().items()):
+            print(f"{name:16s} {cfg['model_type']}")
+        return 0
+    if argv[:1] != ["trace"]:
+        print("usage: python -m teraio.advise trace (--model NAME | --config FILE) --hw PROFILE "
+              "[...] | python -m teraio.advise models", file=sys.stderr)
+        return 2
+    ap = argparse.ArgumentParser(prog="python -m teraio.advise trace",
+                                 description="trace one GPU's iteration for teraio advise; "
+                                             "prints 'TOKENS PATH'")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model")
+    src.add_argument("--config")
+    ap.add_argument("--hw", required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--dtype", choices=DTYPES, default="fp32")
+    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--cache")
+    a = ap.parse_args(argv[1:])
+    try:
+        if sys.stderr.isatty():
+            print(f"tracing {a.model or a.config} on the meta device...", end="\r",
+                  file=sys.stderr, flush=True)
+        path, tokens = trace(a.model, a.config, hw=a.hw, batch=a.batch, seq=a.seq, dtype=a.dtype,
+                             optimizer=a.optimizer, checkpointing=a.checkpointing, cache=a.cache)
+        if sys.stderr.isatty():
+            print("\033[K", end="", file=sys.stderr, flush=True)
+    except TeraioError as e:
+        print(f"\nteraio advise: {e}" if sys.stderr.isatty() else f"teraio advise: {e}",
+              file=sys.stderr)
+        return 1
+    except (RuntimeError, ValueError, TypeError, MemoryError, OSError) as e:
+        print(f"teraio advise: tracing {a.model or a.config} failed: {type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+        return 1
+    print(f"{tokens} {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+/*
+ * cli/advise_out.c — what `teraio advise` prints: the table with the
+ * smallest and cheapest hardware that reach the target, the JSON document,
+ * and the chart of iteration time against SSD count.
+ *
+ * Memory is printed in decimal GB (1e9 bytes), as GPU and SSD vendors
+ * state it; a strategy whose simulation failed prints "-" (null in JSON).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/advise.h"
+#include "cli/cli.h"
+
+static const char *const CMD = "advise";
+static const char *const LABEL[TIO_ADVISE_N_STRATEGIES] = {"ideal", "teraio", "zero-infinity",
+                                                            "zero-offload"};
+
+static double gb(uint64_t bytes) { return (double)bytes / 1e9; }
+
+static bool priced(const tio_advise_prices *p)
+{
+    return p->gpu_hour > 0 || p->ssd > 0 || p->host_gb > 0;
+}
+
+static void print_time(double s)
+{
+    if (isfinite(s))
+        printf(" %9.3f", s);
+    else
+        printf(" %9s", "-");
+}
+
+static void describe(const tio_advise_row *r, char *buf, size_t n)
+{
+    snprintf(buf, n, "%u GPU%s x %.0f GB, %u SSD%s per GPU, host %.0f GB per GPU", r->point.gpus,
+             r->point.gpus > 1 ? "s" : "", gb(r->point.capacity_bytes), r->point.ssd_count,
+             r->point.ssd_count > 1 ? "s" : "", gb(r->point.host_cap_bytes));
+}
+
+static void print_choice(const char *what, const advise_job_info *job, const tio_advise_row *r)
+{
+    char hw[160];
+    describe(r, hw, sizeof hw);
+    printf("%s: %s: teraio at %.3f of ideal, %.0f tokens/s", what, hw,
+           r->share_of_ideal[TIO_ADVISE_TERAIO], r->tokens_per_s[TIO_ADVISE_TERAIO]);
+    if (priced(job->prices))
+        printf(", %.4g per million tokens", r->usd_per_mtoken[TIO_ADVISE_TERAIO]);
+    printf("\n");
+}
+
+static void print_best(const advise_job_info *job, const tio_advise_row *rows, uint32_t n)
+{
+    int s = tio_advise_smallest(rows, n, job->target);
+    char what[96];
+    if (s < 0) {
+        int best = -1;
+        for (uint32_t i = 0; i < n; i++)
+            if (rows[i].fits && (best < 0 || rows[i].share_of_ideal[TIO_ADVISE_TERAIO] >
+                                                 rows[best].share_of_ideal[TIO_ADVISE_TERAIO]))
+                best = (int)i;
+        printf("no hardware here reaches %.2f of ideal under teraio", job->target);
+        if (best >= 0) {
+            char hw[160];
+            describe(&rows[best], hw, sizeof hw);
+            printf(" (the closest: %s, at %.3f)", hw,
+                   rows[best].share_of_ideal[TIO_ADVISE_TERAIO]);
+        } else {
+            printf(" (none fits: the working-set floor is %.1f GB per GPU at %u GPU%s)",
+                   gb(rows[0].floor_bytes), rows[0].point.gpus, rows[0].point.gpus > 1 ? "s" : "");
+        }
+        printf("\n");
+        return;
+    }
+    snprintf(what, sizeof what, "smallest hardware reaching %.2f of ideal", job->target);
+    print_choice(what, job, &rows[s]);
+    int c = tio_advise_cheapest(rows, n, job->target);
+    if (c >= 0 && c != s) {
+        snprintf(what, sizeof what, "cheapest per token reaching %.2f of ideal", job->target);
+        print_choice(what, job, &rows[c]);
+    }
+}
+
+void advise_print_table(const advise_job_info *job, const tio_advise_row *rows, uint32_t n)
+{
+    bool costs = priced(job->prices);
+    printf("teraio advise: %s on %s, %llu tokens per GPU per iteration (simulated)\n", job->model,
+           job->hw_name, (unsigned long long)job->tokens_per_iteration);
+    printf("%4s %8s %4s %7s %9s %9s %5s %6s %9s %9s %9s %9s %6s %10s%s\n", "gpus", "GPU mem",
+           "SSDs", "host", "peak", "floor", "plain", "teraio", "ideal s", "teraio s", "ZeRO-Inf",
+           "ZeRO-Off", "share", "tokens/s", costs ? "     $/Mtok" : "");
+    for (uint32_t i = 0; i < n; i++) {
+        const tio_advise_row *r = &rows[i];
+        printf("%4u %5.0f GB %4u %4.0f GB %6.1f GB %6.1f GB %5s %6s", r->point.gpus,
+               gb(r->point.capacity_bytes), r->point.ssd_count, gb(r->point.host_cap_bytes),
+               gb(r->peak_bytes), gb(r->floor_bytes), r->fits_without_offload ? "fits" : "no",
+               r->fits ? "fits" : "no");
+        for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++)
+            print_time(r->iteration_s[c]);
+        char share[16] = "-", tps[24] = "-", cost[24] = "-";
+        if (isfinite(r->share_of_ideal[TIO_ADVISE_TERAIO]))
+            snprintf(share, sizeof share, "%.3f", r->share_of_ideal[TIO_ADVISE_TERAIO]);
+        if (isfinite(r->tokens_per_s[TIO_ADVISE_TERAIO]))
+            snprintf(tps, sizeof tps, "%.0f", r->tokens_per_s[TIO_ADVISE_TERAIO]);
+        if (isfinite(r->usd_per_mtoken[TIO_ADVISE_TERAIO]))
+            snprintf(cost, sizeof cost, "%.4g", r->usd_per_mtoken[TIO_ADVISE_TERAIO]);
+        printf(" %6s %10s", share, tps);
+        if (costs)
+            printf(" %10s", cost);
+        printf("\n");
+    }
+    printf("peak and floor per GPU; plain: fits without offloading; share: teraio's share of "
+           "ideal; tokens/s: all GPUs under teraio\n");
+    print_best(job, rows, n);
+}
+
+static void json_number(const char *key, double v, bool comma)
+{
+    if (isfinite(v))
+        printf("\"%s\": %.9g%s", key, v, comma ? ", " : "");
+    else
+        printf("\"%s\": null%s", key, comma ? ", " : "");
+}
+
+static void json_row(const tio_advise_row *r, bool comma)
+{
+    printf("    {\"gpus\": %u, \"gpu_mem_bytes\": %llu, \"ssds_per_gpu\": %u, "
+           "\"host_cap_bytes\": %llu, \"peak_bytes\": %llu, \"floor_bytes\": %llu, "
+           "\"fits_without_offload\": %s, \"fits\": %s, \"teraio_bytes_to_ssd\": %llu, "
+           "\"teraio_bytes_to_host\": %llu, \"zero_offload_host_bytes\": %llu,\n     \"strategies\": {", r->point.gpus,
+           (unsigned long long)r->point.capacity_bytes, r->point.ssd_count,
+           (unsigned long long)r->point.host_cap_bytes, (unsigned long long)r->peak_bytes,
+           (unsigned long long)r->floor_bytes, r->fits_without_offload ? "true" : "false",
+           r->fits ? "true" : "false", (unsigned long long)r->bytes_to_ssd,
+           (unsigned long long)r->bytes_to_host, (unsigned long long)r->zero_offload_host_bytes);
+    for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++) {
+        printf("\"%s\": {", LABEL[c]);
+        json_number("iteration_s", r->iteration_s[c], true);
+        json_number("share_of_ideal", r->share_of_ideal[c], true);
+        json_number("tokens_per_s", r->tokens_per_s[c], true);
+        json_number("usd_per_mtoken", r->usd_per_mtoken[c], true);
+        printf("\"error\": ");
+        char why[96];
+        snprintf(why, sizeof why, "needs %llu bytes of host memory",
+                 (unsigned long long)r->zero_offload_host_bytes);
+        if (r->status[c])
+            cli_json_string(stdout, r->status[c] == -ENOSPC ? why : tio_strerror(r->status[c]));
+        else
+            printf("null");
+        printf("}%s", c + 1 < TIO_ADVISE_N_STRATEGIES ? ", " : "");
+    }
+    printf("}}%s\n", comma ? "," : "");
+}
+
+void advise_print_json(const advise_job_info *job, const tio_advise_row *rows, uint32_t n)
+{
+    printf("{\"model\": ");
+    cli_json_string(stdout, job->model);
+    printf(", \"trace\": ");
+    cli_json_string(stdout, job->trace_path);
+    printf(", \"hw\": ");
+    cli_json_string(stdout, job->hw_name);
+    printf(", \"tokens_per_gpu_iteration\": %llu, ",
+           (unsigned long long)job->tokens_per_iteration);
+    json_number("target", job->target, true);
+    const tio_advise_prices *p = job->prices;
+    printf("\"prices\": {");
+    json_number("gpu_hour", p->gpu_hour, true);
+    json_number("ssd", p->ssd, true);
+    json_number("host_gb", p->host_gb, true);
+    json_number("amortize_hours", p->amortize_hours, false);
+    printf("},\n  \"rows\": [\n");
+    for (uint32_t i = 0; i < n; i++)
+        json_row(&rows[i], i + 1 < n);
+    int s = tio_advise_smallest(rows, n, job->target), c = tio_advise_cheapest(rows, n, job->target);
+    printf("  ],\n  \"smallest\": ");
+    printf(s >= 0 ? "%d" : "null", s);
+    printf(", \"cheapest\": ");
+    printf(c >= 0 ? "%d" : "null", c);
+    printf("}\n");
+}
+
+/* ---- the chart ---------------------------------------------------------------- */
+
+static bool same_group(const tio_advise_point *a, const tio_advise_point *b)
+{
+    return a->gpus == b->gpus && a->capacity_bytes == b->capacity_bytes &&
+           a->host_cap_bytes == b->host_cap_bytes;
+}
+
+/* One panel: the rows of one group, x = SSDs, y = iteration seconds. */
+static void panel(FILE *f, const tio_advise_row *rows, uint32_t n, uint32_t first, double y0)
+{
+    static const char *colors[TIO_ADVISE_N_STRATEGIES] = {"#999999", "#4e79a7", "#e15759",
+                                                           "#59a14f"};
+    const double W = 520, H = 180, X = 70;
+    uint32_t max_ssd = 1;
+    double top = 0;
+    for (uint32_t i = first; i < n; i++)
+        if (same_group(&rows[i].point, &rows[first].point)) {
+            if (rows[i].point.ssd_count > max_ssd)
+                max_ssd = rows[i].point.ssd_count;
+            for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++)
+                if (isfinite(rows[i].iteration_s[c]) && rows[i].iteration_s[c] > top)
+                    top = rows[i].iteration_s[c];
+        }
+    top = top > 0 ? top * 1.1 : 1;
+    const tio_advise_point *g = &rows[first].point;
+    fprintf(f, "<text x='%.0f' y='%.0f' font-size='12'>%u GPU%s x %.0f GB, host %.0f GB per GPU"
+            "</text>\n", X, y0 - 8, g->gpus, g->gpus > 1 ? "s" : "", gb(g->capacity_bytes),
+            gb(g->host_cap_bytes));
+    fprintf(f, "<rect x='%.0f' y='%.0f' width='%.0f' height='%.0f' fill='none' stroke='#ccc'/>\n",
+            X, y0, W, H);
+    for (int t = 0; t <= 4; t++)
+        fprintf(f, "<text x='%.0f' y='%.1f' text-anchor='end'>%.3g</text>\n", X - 4,
+                y0 + H - H * t / 4 + 3, top * t / 4);
+    for (uint32_t s = 1; s <= max_ssd; s++)
+        fprintf(f, "<text x='%.1f' y='%.0f' text-anchor='middle'>%u</text>\n",
+                X + W * s / (max_ssd + 1), y0 + H + 14, s);
+    for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++) {
+        fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='2'%s points='", colors[c],
+                c == TIO_ADVISE_IDEAL ? " stroke-dasharray='5'" : "");
+        for (uint32_t i = first; i < n; i++)
+            if (same_group(&rows[i].point, g) && isfinite(rows[i].iteration_s[c]))
+                fprintf(f, "%.1f,%.1f ", X + W * rows[i].point.ssd_count / (max_ssd + 1),
+                        y0 + H - H * rows[i].iteration_s[c] / top);
+        fprintf(f, "'/>\n");
+        fprintf(f, "<rect x='%.0f' y='%.0f' width='10' height='10' fill='%s'/><text x='%.0f' "
+                "y='%.0f'>%s</text>\n", X + W + 15, y0 + 10 + 16 * c, colors[c], X + W + 30,
+                y0 + 19 + 16 * c, LABEL[c]);
+    }
+}
+
+int advise_write_svg(const char *path, const advise_job_info *job, const tio_advise_row *rows,
+                     uint32_t n)
+{
+    uint32_t firsts[16], n_groups = 0;
+    for (uint32_t i = 0; i < n && n_groups < 16; i++) {
+        bool seen = false;
+        for (uint32_t j = 0; j < n_groups && !seen; j++)
+            seen = same_group(&rows[firsts[j]].point, &rows[i].point);
+        if (!seen)
+            firsts[n_groups++] = i;
+    }
+    tio_atomic_file af;
+    int rc = tio_atomic_open(&af, path);
+    if (rc)
+        return cli_lib_error(CMD, rc);
+    FILE *f = af.f;
+    fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='%u' "
+            "font-family='sans-serif' font-size='10'>\n<text x='10' y='18' font-size='13'>",
+            40 + 230 * n_groups);
+    fputs("iteration time (s) against SSDs per GPU: ", f);
+    for (const char *p = job->model; *p; p++)
+        fputs(*p == '<' ? "&lt;" : *p == '&' ? "&amp;" : *p == '\'' ? "&#39;" : (char[2]){*p, 0}, f);
+    fprintf(f, " on %s (simulated)</text>\n", job->hw_name);
+    for (uint32_t g = 0; g < n_groups; g++)
+        panel(f, rows, n, firsts[g], 50 + 230.0 * g);
+    fprintf(f, "</svg>\n");
+    if (ferror(f)) {
+        tio_atomic_abort(&af);
+        return cli_error(CMD, "%s: write failed", path);
+    }
+    rc = tio_atomic_commit(&af);
+    return rc ? cli_lib_error(CMD, rc) : 0;
+}
