@@ -97,7 +97,8 @@ def test_bf16_halves_the_bytes_and_checkpointing_drops_activations(tiny_config, 
                                   if t.tensor_kind(i) == "parameter")
     # Parameters (and AdamW's moments) are bf16; the loss still upcasts
     # the logits to fp32 (transformers' ForCausalLMLoss), so the peak drops less.
-    assert states["bf16", False] * 2 == states["fp32", False]
+    # (within the 32 bytes of the rotary inv_freq buffer, which stays fp32)
+    assert 0 <= states["fp32", False] - states["bf16", False] * 2 <= 32
     assert peaks["bf16", False] < 0.7 * peaks["fp32", False]
     assert peaks["fp32", True] < 0.8 * peaks["fp32", False]
 
