@@ -166,8 +166,6 @@ def trace(model: str | None = None, config: str | None = None, *, hw: str, batch
           checkpointing: bool = False, cache: str | None = None) -> tuple[str, int]:
     """Trace one GPU's iteration (cached); returns (path, tokens per iteration)."""
     import torch
-    from .core import Trace
-    from .torch import Profiler
 
     if dtype not in DTYPES or optimizer not in OPTIMIZERS:
         raise TeraioError(-22, f"dtype must be one of {DTYPES} and optimizer one of {OPTIMIZERS}")
@@ -185,20 +183,33 @@ def trace(model: str | None = None, config: str | None = None, *, hw: str, batch
     net = build_model(cfg, dtype, checkpointing)
     opt = _optimizer(optimizer, net.parameters())
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    text = (f"advise {name} batch={batch} seq={seq} dtype={dtype} optimizer={optimizer} "
+            f"checkpointing={int(checkpointing)} tokens={tokens}")
+    trace_module(net, opt, lambda: net(input_ids=ids, labels=ids).loss, text, roof, path)
+    return path, tokens
 
-    def step():  # gradients freed after the step, as TorchTitan and HF's Trainer do
-        net(input_ids=ids, labels=ids).loss.backward()
+
+def trace_module(net, opt, loss_fn, text: str, kernel_time, path: str) -> None:
+    """Trace one training iteration of a meta-device model and save it to
+    `path` (atomically): loss_fn() forward, backward, opt.step(), then
+    zero_grad(set_to_none=True), as TorchTitan and HF's Trainer do, so the
+    gradients live from the backward pass to the step.  `kernel_time` times
+    each kernel (a teraio.paper.Roofline); `text` is the trace's model line
+    (``tokens=N`` in it tells teraio advise the tokens per iteration)."""
+    from .core import Trace
+    from .torch import Profiler
+
+    def step():
+        loss_fn().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     step()  # creates the gradients and optimizer states
-    text = (f"advise {name} batch={batch} seq={seq} dtype={dtype} optimizer={optimizer} "
-            f"checkpointing={int(checkpointing)} tokens={tokens}")
-    prof = Profiler(net, opt, text, kernel_time=roof)
+    prof = Profiler(net, opt, text, kernel_time=kernel_time)
     with prof.iteration():
         step()
     tensors, kernels = paper.shard_and_prune(*prof.records(), shards=1)
-    os.makedirs(cache, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.part.{os.getpid()}"
     try:
         Trace.build(text, tensors, kernels).save(tmp)
@@ -206,7 +217,6 @@ def trace(model: str | None = None, config: str | None = None, *, hw: str, batch
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path, tokens
 
 
 def _list(v) -> str:
