@@ -126,10 +126,12 @@ def build(kind: str, device: str | None = None):
     return net, opt
 
 
-def loss_fn(kind: str, net, ids):
-    if kind == "demo":
-        return lambda: net(ids[:, :-1], ids[:, 1:])
-    return lambda: net(input_ids=ids, labels=ids).loss
+def train_step(kind: str, net, opt, ids) -> None:
+    """One iteration as the advise tracer's loop: gradients set to None after the step."""
+    loss = net(ids[:, :-1], ids[:, 1:]) if kind == "demo" else net(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def meta_trace(kind: str, profile: Path) -> tuple[Path, int]:
@@ -142,7 +144,7 @@ def meta_trace(kind: str, profile: Path) -> tuple[Path, int]:
     ids = torch.zeros(job["batch"], job["seq"] + extra, dtype=torch.long, device="meta")
     tokens = job["batch"] * job["seq"]
     path = OUT / f"{kind}.tio"
-    trace_module(net, opt, loss_fn(kind, net, ids), f"bench {kind} tokens={tokens}",
+    trace_module(net, opt, lambda: train_step(kind, net, opt, ids), f"bench {kind} tokens={tokens}",
                  Roofline(read_hw(str(profile))), str(path))
     return path, tokens
 
@@ -176,14 +178,10 @@ def measure(kind: str, capacities: list[int], ssd: str, steps: int) -> dict:
                 say(f"bench advise: {kind} {label}: step {i + 1}/{len(batches)}")
                 t0 = time.perf_counter()
                 if sess is None:
-                    loss_fn(kind, net, ids)().backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
+                    train_step(kind, net, opt, ids)
                 else:
                     with sess.step():
-                        loss_fn(kind, net, ids)().backward()
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
+                        train_step(kind, net, opt, ids)
                 times.append(time.perf_counter() - t0)
         except TeraioError as e:
             return {"refused": str(e)}

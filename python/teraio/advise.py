@@ -185,26 +185,27 @@ def trace(model: str | None = None, config: str | None = None, *, hw: str, batch
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     text = (f"advise {name} batch={batch} seq={seq} dtype={dtype} optimizer={optimizer} "
             f"checkpointing={int(checkpointing)} tokens={tokens}")
-    trace_module(net, opt, lambda: net(input_ids=ids, labels=ids).loss, text, roof, path)
-    return path, tokens
-
-
-def trace_module(net, opt, loss_fn, text: str, kernel_time, path: str) -> None:
-    """Trace one training iteration of a meta-device model and save it to
-    `path` (atomically): loss_fn() forward, backward, opt.step(), then
-    zero_grad(set_to_none=True), as TorchTitan and HF's Trainer do, so the
-    gradients live from the backward pass to the step.  `kernel_time` times
-    each kernel (a teraio.paper.Roofline); `text` is the trace's model line
-    (``tokens=N`` in it tells teraio advise the tokens per iteration)."""
-    from .core import Trace
-    from .torch import Profiler
-
-    def step():
-        loss_fn().backward()
+    def step():  # gradients live from the backward pass to the step, as in TorchTitan
+        net(input_ids=ids, labels=ids).loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    step()  # creates the gradients and optimizer states
+    trace_module(net, opt, step, text, roof, path)
+    return path, tokens
+
+
+def trace_module(net, opt, step, text: str, kernel_time, path: str) -> None:
+    """Trace one training iteration of a meta-device model and save it to
+    `path` (atomically).  `step()` runs one iteration (forward, backward,
+    optimizer step, zero_grad) of `net` and `opt`; it runs once untraced,
+    to create the gradients and optimizer states, then once traced.
+    `kernel_time` times each kernel (a teraio.paper.Roofline); `text` is the
+    trace's model line (``tokens=N`` in it tells teraio advise the tokens
+    per iteration)."""
+    from .core import Trace
+    from .torch import Profiler
+
+    step()
     prof = Profiler(net, opt, text, kernel_time=kernel_time)
     with prof.iteration():
         step()

@@ -51,7 +51,8 @@ def test_refuses_without_a_device(tmp_path):
 
 
 def test_rehearsal_on_cpu(tmp_path):
-    r = run("--rehearse-on-cpu", "demo,torch_activation_offloading", "--iterations", "4", tmp_path)
+    r = run("--rehearse-on-cpu", "demo,advise,torch_activation_offloading", "--iterations", "4",
+            tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads((tmp_path / "device-check.json").read_text())
     demo = out["demo"]
@@ -61,9 +62,13 @@ def test_rehearsal_on_cpu(tmp_path):
         assert run_["losses"] == demo["reference"]["losses"]
         assert run_["peak_resident_bytes"] <= run_["capacity_bytes"]
         assert run_["planned_iterations"] == 2 and run_["bytes_offloaded"] > 0
+    adv = out["advise"]  # teraio advise's prediction for the demo's runs (on a GPU: its error)
+    assert adv["ideal"]["predicted_s"] > 0 and adv["ideal"]["measured_s"] > 0
+    assert all(adv[f"capacity_{f}"]["predicted_s"] > 0 for f in ("0.5", "0.25"))
     ao = out["torch_activation_offloading"]
     assert ao["compiled"]["activations_offloaded"] == 0
     assert ao["compiled_activation_offloading"]["activations_offloaded"] > 0
     assert ao["losses_identical"]
     table = (tmp_path / "device-check.md").read_text()
+    assert "teraio advise (h100-nvl-paper.conf" in table
     assert "| teraio capacity 0.25 |" in table and "| torch.compile + activation offloading |" in table
