@@ -37,7 +37,7 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 # ThreadSanitizer over the modules that run threads (engine, runtime; more as they come).
-TSAN_TESTS ?= engine|runtime|pager|data|tok|staging|cufile
+TSAN_TESTS ?= engine|runtime|pager|data|tok|staging|cufile|advise
 test-tsan: deps
 	@cmake -S . -B build-tsan $(CMAKE_GEN) -DTIO_SANITIZE=thread -DTIO_BUILD_CLI=OFF >/dev/null
 	@cmake --build build-tsan -j $(JOBS)
