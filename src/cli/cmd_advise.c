@@ -70,7 +70,8 @@ static void advise_usage(FILE *f)
         "  --model NAME     a built-in model ('python -m teraio.advise models' lists them)\n"
         "  --config FILE    a Hugging Face config.json (its model class is traced)\n"
         "  --trace TRACE    a one-GPU trace already made (tokens from --tokens or the trace)\n"
-        "  --hw PROFILE     hardware profile (hw/*.conf): GPU roofline, PCIe, SSDs, CPU Adam\n"
+        "  --hw PROFILE     hardware profile (a file, or the name of one shipped in hw/:\n"
+        "                   h100-nvl-paper, h200-sxm): GPU roofline, PCIe, SSDs, CPU Adam\n"
         "  --batch N        sequences per GPU per iteration (default 1)\n"
         "  --seq N          tokens per sequence (default 2048)\n"
         "  --dtype D        fp32 (default) or bf16 parameters, activations and states\n"
@@ -286,6 +287,29 @@ static void python_path(char *out, size_t n)
     snprintf(out, n, "python3");
 }
 
+/* --hw NAME with no '/' that is not a file here: NAME.conf among the
+ * profiles shipped beside the binary (a source checkout's hw/ from
+ * build/bin, an installed wheel's teraio/hw from teraio/_bin). */
+static const char *resolve_profile(const char *arg, char *buf, size_t n)
+{
+    if (strchr(arg, '/') || access(arg, F_OK) == 0)
+        return arg;
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = len > 0 ? (exe[len] = '\0', strrchr(exe, '/')) : NULL;
+    if (!slash)
+        return arg;
+    *slash = '\0';
+    static const char *const where[] = {"%s/../hw/%s%s", "%s/../../hw/%s%s"};
+    const char *ext = strstr(arg, ".conf") ? "" : ".conf";
+    for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+        snprintf(buf, n, where[i], exe, arg, ext);
+        if (access(buf, R_OK) == 0)
+            return buf;
+    }
+    return arg;
+}
+
 /* Run the tracer; its one line of output is "TOKENS PATH". */
 static int trace_model(const advise_args *a, char *path, size_t path_len, uint64_t *tokens)
 {
@@ -413,6 +437,8 @@ int cmd_advise(int argc, char **argv)
     int st = parse_args(argc, argv, &a);
     if (st)
         return st < 0 ? 0 : st;
+    char profile[PATH_MAX + 64];
+    a.hw_path = resolve_profile(a.hw_path, profile, sizeof profile);
     tio_hw hw;
     int rc = tio_hw_load(a.hw_path, &hw);
     if (rc)

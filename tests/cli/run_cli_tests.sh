@@ -411,6 +411,10 @@ expect_one_line_error "advise: unknown option" "${adv[@]}" --fast
 expect_one_line_error "advise: --svg into a missing directory" "${adv[@]}" --svg "$work/no/dir/a.svg"
 expect_one_line_error "advise: tracer that cannot start" \
   env TERAIO_PYTHON="$work/no-python" "$teraio" advise --model gpt2 --hw "$work/ok.conf"
+expect_status "advise: --hw by the name of a shipped profile" 0 \
+  "$teraio" advise --trace "$work/plan.tio" --tokens 5 --hw h100-nvl-paper --ssds 1 --host-cap 0
+expect_one_line_error "advise: --hw name of no profile" \
+  "$teraio" advise --trace "$work/plan.tio" --tokens 5 --hw h900-dream
 expect_status "advise: a sweep" 0 "${adv[@]}" --ssds 1-3 --gpu-mem 4000,1000 --host-cap 0,1MB \
   --price-gpu-hour 2 --price-ssd 100 --svg "$work/advise.svg"
 expect_true "advise --svg: one panel per GPU memory and host cap" \
