@@ -124,13 +124,82 @@ static bool movable(const tio_plan_sync *sy, const tio_inactive_period *per)
     return sy->kind_mask == 0 || (sy->kind_mask >> sy->trace->tensors[per->tensor].kind) & 1u;
 }
 
+/* The periods that cover the kernel the finish is at (inside() != 0), as a
+ * bitmap kept while k advances: period i covers [a+1, min(b, n) - 1] and,
+ * wrapping, [0, b - n - 1]; each end toggles its bit (the two ranges never
+ * meet).  toggles[at[k] .. at[k+1]) are the periods whose bit flips at k.
+ * The finish then looks at the periods over k, not at all of them. */
+typedef struct {
+    uint64_t *bits;
+    uint32_t *at, *toggles;
+} cover_set;
+
+static void cover_free(cover_set *c)
+{
+    free(c->bits);
+    free(c->at);
+    free(c->toggles);
+}
+
+/* Each range [from, to] of period i: its toggles at from and to + 1 < n,
+ * counted (fill false) or placed (fill true). */
+static void cover_ranges(const tio_plan_sync *sy, cover_set *c, bool fill)
+{
+    uint32_t n = sy->lt->n_kernels;
+    for (uint32_t i = 0; i < sy->lt->n_periods; i++) {
+        const tio_inactive_period *per = &sy->lt->periods[i];
+        uint64_t ranges[2][2] = {{per->last_use + 1, (per->next_use < n ? per->next_use : n) - 1},
+                                 {0, per->next_use > n ? per->next_use - n - 1 : 0}};
+        for (int r = 0; r < 2; r++) {
+            if (ranges[r][0] > ranges[r][1] || (r == 1 && per->next_use <= n))
+                continue;
+            uint64_t ends[2] = {ranges[r][0], ranges[r][1] + 1};
+            for (int e = 0; e < 2; e++)
+                if (ends[e] < n) {
+                    if (fill)
+                        c->toggles[c->at[ends[e]]++] = i;
+                    else
+                        c->at[ends[e] + 1]++;
+                }
+        }
+    }
+}
+
+static int cover_init(const tio_plan_sync *sy, cover_set *c)
+{
+    uint32_t n = sy->lt->n_kernels, words = (sy->lt->n_periods + 63) / 64;
+    c->bits = calloc(words ? words : 1, sizeof *c->bits);
+    c->at = calloc((size_t)n + 1, sizeof *c->at);
+    c->toggles = malloc(4 * ((size_t)sy->lt->n_periods + 1) * sizeof *c->toggles);
+    if (!c->bits || !c->at || !c->toggles)
+        return -ENOMEM;
+    cover_ranges(sy, c, false);
+    for (uint32_t k = 0; k < n; k++)
+        c->at[k + 1] += c->at[k];
+    cover_ranges(sy, c, true); /* advances at[k] to at[k + 1]: shift back */
+    for (uint32_t k = n; k > 0; k--)
+        c->at[k] = c->at[k - 1];
+    c->at[0] = 0;
+    return 0;
+}
+
+static void cover_advance(cover_set *c, uint32_t k)
+{
+    for (uint32_t t = c->at[k]; t < c->at[k + 1]; t++)
+        c->bits[c->toggles[t] / 64] ^= 1ull << (c->toggles[t] % 64);
+}
+
 /* The cheapest move that takes a period off the device at kernel k. */
-static sync_move best_move(const tio_plan_sync *sy, uint32_t k, uint64_t excess)
+static sync_move best_move(const tio_plan_sync *sy, const cover_set *cover, uint32_t k,
+                           uint64_t excess)
 {
     sync_move best = {.ok = false};
     uint64_t run = run_length(sy, k);
     const tio_plan_windows *w = sy->win;
-    for (uint32_t i = 0; i < sy->lt->n_periods; i++) {
+    uint32_t words = (sy->lt->n_periods + 63) / 64;
+    for (uint32_t word = 0; word < words; word++)
+    for (uint64_t x = cover->bits[word]; x; x &= x - 1) {
+        uint32_t i = word * 64 + (uint32_t)__builtin_ctzll(x);
         const tio_inactive_period *per = &sy->lt->periods[i];
         uint64_t ku = inside(k, sy->lt->n_kernels, per->last_use, per->next_use);
         if (!ku || !movable(sy, per) || (w->chosen[i] && w->win_off[i] <= ku && ku < w->win_pre[i]))
@@ -175,23 +244,24 @@ static void apply_widen(const tio_plan_sync *sy, const sync_move *m)
 
 int tio_plan_sync_finish(const tio_plan_sync *sy, double *stall_ns)
 {
-    for (uint32_t k = 0; k < sy->lt->n_kernels; k++) {
-        while (sy->res->planned[k] > sy->capacity) {
-            sync_move m = best_move(sy, k, sy->res->planned[k] - sy->capacity);
+    cover_set cover = {0};
+    int rc = cover_init(sy, &cover);
+    for (uint32_t k = 0; !rc && k < sy->lt->n_kernels; k++) {
+        cover_advance(&cover, k);
+        while (!rc && sy->res->planned[k] > sy->capacity) {
+            sync_move m = best_move(sy, &cover, k, sy->res->planned[k] - sy->capacity);
             if (!m.ok)
                 break; /* kind_mask keeps what is left on the device */
             *stall_ns += m.stall_ns;
-            if (m.widen) {
+            if (m.widen)
                 apply_widen(sy, &m);
-                continue;
-            }
-            int rc = sy->place(sy->planner, m.index, m.k_off, m.k_pre, m.tier, m.write_bytes,
+            else
+                rc = sy->place(sy->planner, m.index, m.k_off, m.k_pre, m.tier, m.write_bytes,
                                m.read_bytes);
-            if (rc)
-                return rc;
         }
     }
-    return 0;
+    cover_free(&cover);
+    return rc;
 }
 
 int tio_plan_windows_init(tio_plan_windows *w, uint32_t n_periods)

@@ -453,6 +453,12 @@ typedef struct {
     heap_item *heap;
     uint32_t heap_n;
     tio_plan_result res;        /* migrations, M' (res.planned) and totals */
+    /* While the greedy rounds run, nothing reads res.planned (they read the
+     * over-capacity tree), so a window's uncover is two entries here
+     * (uint64 arithmetic wraps alike in any order), applied to res.planned
+     * at once when the rounds end (planned_settle); NULL: applied as it
+     * happens. */
+    uint64_t *planned_delta;    /* [n + 1] */
 } fast;
 
 typedef struct {
@@ -544,13 +550,35 @@ static placement place(const fast *f, const tio_inactive_period *per, uint64_t *
     return host.ok && h > s ? host : ssd;
 }
 
-/* M' -= bytes over [from, to), in the array and the over-capacity tree. */
+/* M' -= bytes over [from, to) (to - from < 2n: one wrap at most), in the
+ * array, or its pending deltas, and the over-capacity tree. */
 static void uncover(void *p, uint64_t from, uint64_t to, uint64_t bytes)
 {
     fast *f = p;
-    for (uint64_t k = from; k < to; k++)
-        f->res.planned[k % f->n] -= bytes;
+    if (f->planned_delta) {
+        for (uint64_t a = from; a < to;) {
+            uint64_t base = a - a % f->n, b = to < base + f->n ? to : base + f->n;
+            f->planned_delta[a - base] -= bytes;
+            f->planned_delta[b - base] += bytes;
+            a = b;
+        }
+    } else {
+        for (uint64_t k = from; k < to; k++)
+            f->res.planned[k % f->n] -= bytes;
+    }
     ot_range_sub(&f->over, from, to, bytes);
+}
+
+/* Apply the pending deltas to res.planned; uncover applies at once after. */
+static void planned_settle(fast *f)
+{
+    uint64_t run = 0;
+    for (uint32_t k = 0; f->planned_delta && k < f->n; k++) {
+        run += f->planned_delta[k];
+        f->res.planned[k] += run;
+    }
+    free(f->planned_delta);
+    f->planned_delta = NULL;
 }
 
 /* Commit period i's placement over [k_off, k_pre) on `tier`: its
@@ -711,6 +739,7 @@ static double attempt_cost(const fast *f, const double *extra_ns)
 static void fast_free(fast *f)
 {
     free(f->res.planned);
+    free(f->planned_delta);
     for (int c = 0; c < TIO_CH_N; c++)
         ch_free(&f->ch[c]);
     ot_free(&f->over);
@@ -730,6 +759,7 @@ static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
     f->capacity = opt->capacity_bytes;
     f->host_cap = opt->host_cap_bytes;
     f->res.planned = malloc((size_t)f->n * sizeof *f->res.planned);
+    f->planned_delta = calloc((size_t)f->n + 1, sizeof *f->planned_delta);
     f->heap = malloc(((size_t)lt->n_periods + 1) * sizeof *f->heap);
     int wrc = tio_plan_windows_init(&f->win, lt->n_periods);
     f->host.n = f->n;
@@ -738,7 +768,7 @@ static int fast_init(fast *f, const tio_trace *trace, const tio_lifetime *lt,
         f->host.size *= 2;
     f->host.max = calloc(2 * (size_t)f->host.size, sizeof *f->host.max);
     f->host.lazy = calloc(2 * (size_t)f->host.size, sizeof *f->host.lazy);
-    if (wrc || !f->res.planned || !f->heap || !f->host.max || !f->host.lazy)
+    if (wrc || !f->res.planned || !f->planned_delta || !f->heap || !f->host.max || !f->host.lazy)
         return tio_fail(-ENOMEM, "out of memory for planner state of %u kernels", f->n);
     memcpy(f->res.planned, lt->memory_bytes, (size_t)f->n * sizeof *f->res.planned);
     for (uint32_t k = 0; k < f->n; k++)
@@ -802,6 +832,7 @@ int tio_plan_build_teraio(const tio_trace *trace, const tio_lifetime *lt,
         if (!rc) {
             fast_seed(&g);
             rc = fast_rounds(&g);
+            planned_settle(&g);
         }
         if (rc) {
             fast_free(&g);
