@@ -120,10 +120,10 @@ static bool parse_list(const char *s, bool bytes, uint64_t lo, uint64_t hi, valu
         }
         if (!ok || a < lo || b > hi || b < a || b - a >= MAX_LIST)
             return false;
-        for (uint64_t v = a; v <= b; v++) {
+        for (uint64_t i = 0; i <= b - a; i++) {
             if (out->n == MAX_LIST)
                 return false;
-            out->v[out->n++] = v;
+            out->v[out->n++] = a + i;
         }
     }
     return out->n > 0 && s[0] != ',' && s[strlen(s) - 1] != ',' && !strstr(s, ",,");
