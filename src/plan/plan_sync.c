@@ -58,10 +58,12 @@ static uint64_t inside(uint64_t k, uint32_t n, uint64_t a, uint64_t b)
 /* How many kernels from k on (cyclically, at most n) are above capacity. */
 static uint64_t run_length(const tio_plan_sync *sy, uint32_t k)
 {
-    uint32_t n = sy->lt->n_kernels;
+    uint32_t n = sy->lt->n_kernels, j = k + 1 < n ? k + 1 : 0;
     uint64_t len = 1;
-    while (len < n && sy->res->planned[(k + len) % n] > sy->capacity)
+    while (len < n && sy->res->planned[j] > sy->capacity) {
         len++;
+        j = j + 1 < n ? j + 1 : 0;
+    }
     return len;
 }
 

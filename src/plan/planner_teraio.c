@@ -528,6 +528,8 @@ static bool host_has_room(const fast *f, const tio_inactive_period *per)
 {
     if (per->bytes > f->host_cap)
         return false;
+    if (f->host.max[1] <= f->host_cap - per->bytes)
+        return true; /* the most host memory in use anywhere leaves room */
     return mt_range_max(&f->host, (uint64_t)per->last_use + 1, per->next_use) <=
            f->host_cap - per->bytes;
 }
