@@ -55,7 +55,7 @@ typedef struct {
 static void advise_usage(FILE *f)
 {
     fprintf(f,
-        "usage: teraio advise (--model NAME | --config FILE | --trace TRACE) --hw PROFILE\n"
+        "usage: teraio advise (--model NAME | --config FILE | --trace TRACE) [--hw PROFILE]\n"
         "                     [--batch N] [--seq N] [--dtype fp32|bf16] [--optimizer adamw|adam|sgd]\n"
         "                     [--checkpointing] [--gpus LIST] [--gpu-mem LIST] [--ssds LIST]\n"
         "                     [--host-cap LIST] [--ssd-gbps R[,W]] [--pcie-gbps G]\n"
@@ -71,7 +71,8 @@ static void advise_usage(FILE *f)
         "  --config FILE    a Hugging Face config.json (its model class is traced)\n"
         "  --trace TRACE    a one-GPU trace already made (tokens from --tokens or the trace)\n"
         "  --hw PROFILE     hardware profile (a file, or the name of one shipped in hw/:\n"
-        "                   h100-nvl-paper, h200-sxm): GPU roofline, PCIe, SSDs, CPU Adam\n"
+        "                   h100-nvl-paper, h200-sxm; default h100-nvl-paper): the GPU's\n"
+        "                   roofline, PCIe, SSDs, CPU Adam; the flags below replace parts\n"
         "  --batch N        sequences per GPU per iteration (default 1)\n"
         "  --seq N          tokens per sequence (default 2048)\n"
         "  --dtype D        fp32 (default) or bf16 parameters, activations and states\n"
@@ -257,7 +258,7 @@ static int parse_args(int argc, char **argv, advise_args *a)
         return usage_error(sources ? "give one of --model, --config and --trace"
                                    : "missing the model: --model NAME, --config FILE or --trace TRACE");
     if (!a->hw_path)
-        return usage_error("missing --hw PROFILE (a hardware profile, e.g. hw/h100-nvl-paper.conf)");
+        a->hw_path = "h100-nvl-paper"; /* the GPU's roofline; the flags replace the rest */
     if (!a->trace && a->tokens)
         return usage_error("--tokens is for --trace (a traced model's tokens are batch x seq)");
     return 0;

@@ -386,7 +386,8 @@ adv=("$teraio" advise --trace "$work/plan.tio" --hw "$work/ok.conf" --tokens 100
 expect_status "advise --help" 0 "$teraio" advise --help
 expect_one_line_error "advise: no model" "$teraio" advise --hw "$work/ok.conf"
 expect_one_line_error "advise: two models" "$teraio" advise --model gpt2 --trace "$work/plan.tio" --hw "$work/ok.conf"
-expect_one_line_error "advise: no --hw" "$teraio" advise --trace "$work/plan.tio" --tokens 1
+expect_status "advise: no --hw: the H100 NVL profile" 0 "$teraio" advise --trace "$work/plan.tio" --tokens 1 \
+  --ssds 1 --host-cap 0 --gpu-mem 80GB --ssd-gbps 7,5 --pcie-gbps 25
 expect_one_line_error "advise: missing --hw file" "$teraio" advise --trace "$work/plan.tio" --tokens 1 --hw "$work/none.conf"
 expect_one_line_error "advise: garbled --hw" "$teraio" advise --trace "$work/plan.tio" --tokens 1 --hw "$work/garbled.conf"
 expect_one_line_error "advise: missing trace" "$teraio" advise --trace "$work/none.tio" --tokens 1 --hw "$work/ok.conf"
