@@ -225,13 +225,15 @@ def _list(v) -> str:
 
 
 def advise(model: str | None = None, *, config: str | None = None, trace_path: str | None = None,
-           hw: str, batch: int = 1, seq: int = 2048, dtype: str = "fp32",
+           hw: str = "h100-nvl-paper", batch: int = 1, seq: int = 2048, dtype: str = "fp32",
            optimizer: str = "adamw", checkpointing: bool = False, gpus=None, gpu_mem=None,
            ssds=None, host_cap=None, ssd_gbps=None, pcie_gbps=None, price_gpu_hour=None,
            price_ssd=None, price_host_gb=None, amortize_years=None, target: float = 0.9,
            tokens: int | None = None, cache: str | None = None, threads: int | None = None,
            svg: str | None = None) -> dict:
     """Run ``teraio advise --json`` and return its document (docs/advise.md).
+
+    ``hw`` is a profile file or the name of one shipped in hw/.
 
     Lists (gpus, gpu_mem, ssds, host_cap) take a sequence or the command's
     syntax ("1-8", "80GB,141GB"); sizes are bytes or strings with units.
