@@ -83,7 +83,8 @@ typedef struct {
     bool fits_without_offload;  /* peak_bytes <= capacity */
     bool fits;                  /* teraio: floor <= capacity and its plan fits */
     /* Per strategy (TIO_ADVISE_*): 0, or the error its simulation returned
-     * (TIO_EINFEASIBLE: a kernel alone needs more than the capacity; -ERANGE:
+     * (TIO_EINFEASIBLE: the capacity is below the working-set floor, which
+     * no strategy goes below, or a kernel alone needs more; -ERANGE:
      * a bandwidth far too small for the trace), or -ENOSPC for ZeRO-Offload
      * when the host cap is below zero_offload_host_bytes.  Where it is not 0 the
      * strategy's iteration_s, tokens_per_s and cost are NaN. */
@@ -92,6 +93,12 @@ typedef struct {
     double share_of_ideal[TIO_ADVISE_N_STRATEGIES];/* ideal / iteration */
     double tokens_per_s[TIO_ADVISE_N_STRATEGIES];  /* all GPUs together */
     double usd_per_mtoken[TIO_ADVISE_N_STRATEGIES];/* NaN without prices */
+    /* SSDs per GPU each strategy's time was simulated with: fewer than the
+     * point has where a point of the same GPUs, device memory and host cap
+     * with fewer SSDs ran faster (the simulator splits PCIe between SSD and
+     * host traffic statically, so idle disks can slow host transfers; an
+     * operator leaves them out).  Its price is still the point's. */
+    uint32_t ssds_used[TIO_ADVISE_N_STRATEGIES];
     uint64_t bytes_to_ssd;      /* teraio, per GPU and iteration */
     uint64_t bytes_to_host;     /* teraio, per GPU and iteration */
     uint64_t zero_offload_host_bytes; /* host memory ZeRO-Offload needs per GPU: the

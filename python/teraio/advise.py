@@ -179,8 +179,16 @@ def trace(model: str | None = None, config: str | None = None, *, hw: str, batch
     tokens = batch * seq
     if os.path.exists(path):
         return path, tokens
-    roof = _Roofline16(hwd) if dtype == "bf16" else paper.Roofline(hwd)
+    try:
+        roof = _Roofline16(hwd) if dtype == "bf16" else paper.Roofline(hwd)
+    except (ValueError, TeraioError) as e:
+        raise TeraioError(-22, f"{hw}: {e}") from None
     net = build_model(cfg, dtype, checkpointing)
+    limit = getattr(net.config, "max_position_embeddings", None) or \
+        getattr(net.config, "n_positions", None)
+    if isinstance(limit, int) and seq > limit:
+        raise TeraioError(-22, f"--seq {seq} is longer than {name}'s {limit} positions "
+                               f"(max_position_embeddings)")
     opt = _optimizer(optimizer, net.parameters())
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     text = (f"advise {name} batch={batch} seq={seq} dtype={dtype} optimizer={optimizer} "
@@ -220,8 +228,12 @@ def trace_module(net, opt, step, text: str, kernel_time, path: str) -> None:
             os.unlink(tmp)
 
 
-def _list(v) -> str:
-    return ",".join(str(x) for x in v) if isinstance(v, (list, tuple, range)) else str(v)
+def _list(v, unit: str = "") -> str:
+    """A list argument in the command's syntax; `unit` is appended to
+    integers (byte counts given as ints are bytes)."""
+    items = v if isinstance(v, (list, tuple, range)) else [v]
+    return ",".join(f"{x}{unit}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
+                    for x in items)
 
 
 def advise(model: str | None = None, *, config: str | None = None, trace_path: str | None = None,
@@ -242,14 +254,16 @@ def advise(model: str | None = None, *, config: str | None = None, trace_path: s
     argv = [_binary(), "advise", "--json", "--hw", hw, "--batch", str(batch), "--seq", str(seq),
             "--dtype", dtype, "--optimizer", optimizer, "--target", str(target)]
     for flag, v in (("--model", model), ("--config", config), ("--trace", trace_path),
-                    ("--gpus", gpus), ("--gpu-mem", gpu_mem), ("--ssds", ssds),
-                    ("--host-cap", host_cap), ("--ssd-gbps", ssd_gbps), ("--pcie-gbps", pcie_gbps),
+                    ("--gpus", gpus), ("--ssds", ssds), ("--ssd-gbps", ssd_gbps), ("--pcie-gbps", pcie_gbps),
                     ("--price-gpu-hour", price_gpu_hour), ("--price-ssd", price_ssd),
                     ("--price-host-gb", price_host_gb), ("--amortize-years", amortize_years),
                     ("--tokens", tokens), ("--cache", cache), ("--threads", threads),
                     ("--svg", svg)):
         if v is not None:
             argv += [flag, _list(v)]
+    for flag, v in (("--gpu-mem", gpu_mem), ("--host-cap", host_cap)):
+        if v is not None:
+            argv += [flag, _list(v, "B")]
     if checkpointing:
         argv.append("--checkpointing")
     env = dict(os.environ, TERAIO_PYTHON=sys.executable)
@@ -285,21 +299,22 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--cache")
     a = ap.parse_args(argv[1:])
+    what = a.model or a.config
     try:
-        if sys.stderr.isatty():
-            print(f"tracing {a.model or a.config} on the meta device...", end="\r",
-                  file=sys.stderr, flush=True)
         path, tokens = trace(a.model, a.config, hw=a.hw, batch=a.batch, seq=a.seq, dtype=a.dtype,
                              optimizer=a.optimizer, checkpointing=a.checkpointing, cache=a.cache)
-        if sys.stderr.isatty():
-            print("\033[K", end="", file=sys.stderr, flush=True)
     except TeraioError as e:
-        print(f"\nteraio advise: {e}" if sys.stderr.isatty() else f"teraio advise: {e}",
-              file=sys.stderr)
+        print(f"teraio advise: {e}", file=sys.stderr)
         return 1
-    except (RuntimeError, ValueError, TypeError, MemoryError, OSError) as e:
-        print(f"teraio advise: tracing {a.model or a.config} failed: {type(e).__name__}: "
-              f"{str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+    except ImportError as e:
+        print(f"teraio advise: tracing needs torch and transformers in {sys.executable} "
+              f"(TERAIO_PYTHON picks another): {e}", file=sys.stderr)
+        return 1
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError, MemoryError,
+            OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"teraio advise: tracing {what} failed: {type(e).__name__}: {first}",
+              file=sys.stderr)
         return 1
     print(f"{tokens} {path}")
     return 0

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/util.h"
 #include "teraio/teraio.h"
 
 /* What the output names: where the trace came from and the job's shape. */
@@ -28,10 +29,15 @@ void advise_print_table(const advise_job_info *job, const tio_advise_row *rows, 
 /* One JSON document on stdout. */
 void advise_print_json(const advise_job_info *job, const tio_advise_row *rows, uint32_t n);
 
-/* Iteration time against SSD count, one panel per GPU count, device memory
- * and host cap; written atomically to `path`.  Returns the exit status (one
- * error line printed). */
-int advise_write_svg(const char *path, const advise_job_info *job, const tio_advise_row *rows,
+/* The chart's file, opened (atomically: written aside, renamed when done)
+ * before the sweep so that a path that cannot be written is refused first;
+ * returns the exit status (one error line printed). */
+int advise_svg_open(const char *path, tio_atomic_file *af);
+
+/* Iteration time against SSDs per GPU, one panel per GPU count, device
+ * memory and host cap (16 at most), one scale; written to `af` and
+ * committed, or dropped on error.  Returns the exit status. */
+int advise_svg_write(tio_atomic_file *af, const advise_job_info *job, const tio_advise_row *rows,
                      uint32_t n);
 
 #endif

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/advise.h"
@@ -25,12 +26,15 @@ static bool priced(const tio_advise_prices *p)
     return p->gpu_hour > 0 || p->ssd > 0 || p->host_gb > 0;
 }
 
-static void print_time(double s)
+/* A strategy's time; '*' where it used fewer of the point's SSDs. */
+static void print_time(const tio_advise_row *r, int c)
 {
-    if (isfinite(s))
-        printf(" %9.3f", s);
-    else
+    if (!isfinite(r->iteration_s[c]))
         printf(" %9s", "-");
+    else if (r->ssds_used[c] < r->point.ssd_count)
+        printf(" %8.3f*", r->iteration_s[c]);
+    else
+        printf(" %9.3f", r->iteration_s[c]);
 }
 
 static void describe(const tio_advise_row *r, char *buf, size_t n)
@@ -44,34 +48,46 @@ static void print_choice(const char *what, const advise_job_info *job, const tio
 {
     char hw[160];
     describe(r, hw, sizeof hw);
-    printf("%s: %s: teraio at %.3f of ideal, %.0f tokens/s", what, hw,
-           r->share_of_ideal[TIO_ADVISE_TERAIO], r->tokens_per_s[TIO_ADVISE_TERAIO]);
+    if (r->fits_without_offload)
+        printf("%s: %u GPU%s x %.0f GB: fits without offloading (no SSD or host memory needed), "
+               "%.0f tokens/s", what, r->point.gpus, r->point.gpus > 1 ? "s" : "",
+               gb(r->point.capacity_bytes), r->tokens_per_s[TIO_ADVISE_IDEAL]);
+    else
+        printf("%s: %s: teraio at %.3f of ideal, %.0f tokens/s", what, hw,
+               r->share_of_ideal[TIO_ADVISE_TERAIO], r->tokens_per_s[TIO_ADVISE_TERAIO]);
     if (priced(job->prices))
         printf(", %.4g per million tokens", r->usd_per_mtoken[TIO_ADVISE_TERAIO]);
     printf("\n");
 }
 
+static void print_none(const advise_job_info *job, const tio_advise_row *rows, uint32_t n)
+{
+    int best = -1;
+    for (uint32_t i = 0; i < n; i++)
+        if (rows[i].fits && (best < 0 || rows[i].share_of_ideal[TIO_ADVISE_TERAIO] >
+                                             rows[best].share_of_ideal[TIO_ADVISE_TERAIO]))
+            best = (int)i;
+    printf("no hardware here reaches %.2f of ideal under teraio", job->target);
+    if (best >= 0) {
+        char hw[160];
+        describe(&rows[best], hw, sizeof hw);
+        printf(" (the closest: %s, at %.4f)", hw, rows[best].share_of_ideal[TIO_ADVISE_TERAIO]);
+    } else {
+        printf(" (none fits: the working-set floor is %.1f GB per GPU at %u GPU%s)",
+               gb(rows[0].floor_bytes), rows[0].point.gpus, rows[0].point.gpus > 1 ? "s" : "");
+    }
+    printf("\n");
+}
+
+/* The smallest (and cheapest) hardware reaching the target, and where the
+ * sweep has several host caps and the answer uses host memory, the
+ * smallest for each host cap. */
 static void print_best(const advise_job_info *job, const tio_advise_row *rows, uint32_t n)
 {
     int s = tio_advise_smallest(rows, n, job->target);
-    char what[96];
+    char what[128];
     if (s < 0) {
-        int best = -1;
-        for (uint32_t i = 0; i < n; i++)
-            if (rows[i].fits && (best < 0 || rows[i].share_of_ideal[TIO_ADVISE_TERAIO] >
-                                                 rows[best].share_of_ideal[TIO_ADVISE_TERAIO]))
-                best = (int)i;
-        printf("no hardware here reaches %.2f of ideal under teraio", job->target);
-        if (best >= 0) {
-            char hw[160];
-            describe(&rows[best], hw, sizeof hw);
-            printf(" (the closest: %s, at %.3f)", hw,
-                   rows[best].share_of_ideal[TIO_ADVISE_TERAIO]);
-        } else {
-            printf(" (none fits: the working-set floor is %.1f GB per GPU at %u GPU%s)",
-                   gb(rows[0].floor_bytes), rows[0].point.gpus, rows[0].point.gpus > 1 ? "s" : "");
-        }
-        printf("\n");
+        print_none(job, rows, n);
         return;
     }
     snprintf(what, sizeof what, "smallest hardware reaching %.2f of ideal", job->target);
@@ -81,6 +97,32 @@ static void print_best(const advise_job_info *job, const tio_advise_row *rows, u
         snprintf(what, sizeof what, "cheapest per token reaching %.2f of ideal", job->target);
         print_choice(what, job, &rows[c]);
     }
+    if (rows[s].fits_without_offload)
+        return;
+    tio_advise_row *sub = malloc(n * sizeof *sub);
+    uint32_t *at = malloc(n * sizeof *at);
+    for (uint32_t i = 0; sub && at && i < n; i++) {
+        bool first = true;
+        for (uint32_t j = 0; j < i && first; j++)
+            first = rows[j].point.host_cap_bytes != rows[i].point.host_cap_bytes;
+        if (!first || rows[i].point.host_cap_bytes == rows[s].point.host_cap_bytes)
+            continue;
+        uint32_t m = 0;
+        for (uint32_t j = 0; j < n; j++)
+            if (rows[j].point.host_cap_bytes == rows[i].point.host_cap_bytes) {
+                sub[m] = rows[j];
+                at[m++] = j;
+            }
+        int b = tio_advise_smallest(sub, m, job->target);
+        snprintf(what, sizeof what, "with host %.0f GB per GPU, smallest reaching %.2f",
+                 gb(rows[i].point.host_cap_bytes), job->target);
+        if (b >= 0)
+            print_choice(what, job, &rows[at[b]]);
+        else
+            printf("%s: none here\n", what);
+    }
+    free(sub);
+    free(at);
 }
 
 void advise_print_table(const advise_job_info *job, const tio_advise_row *rows, uint32_t n)
@@ -98,7 +140,7 @@ void advise_print_table(const advise_job_info *job, const tio_advise_row *rows, 
                gb(r->peak_bytes), gb(r->floor_bytes), r->fits_without_offload ? "fits" : "no",
                r->fits ? "fits" : "no");
         for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++)
-            print_time(r->iteration_s[c]);
+            print_time(r, c);
         char share[16] = "-", tps[24] = "-", cost[24] = "-";
         if (isfinite(r->share_of_ideal[TIO_ADVISE_TERAIO]))
             snprintf(share, sizeof share, "%.3f", r->share_of_ideal[TIO_ADVISE_TERAIO]);
@@ -112,7 +154,8 @@ void advise_print_table(const advise_job_info *job, const tio_advise_row *rows, 
         printf("\n");
     }
     printf("peak and floor per GPU; plain: fits without offloading; share: teraio's share of "
-           "ideal; tokens/s: all GPUs under teraio\n");
+           "ideal; tokens/s: all GPUs under teraio;\n* faster with fewer of the point's SSDs "
+           "(more would take PCIe from host transfers: docs/advise.md), the time with those\n");
     print_best(job, rows, n);
 }
 
@@ -141,6 +184,7 @@ static void json_row(const tio_advise_row *r, bool comma)
         json_number("share_of_ideal", r->share_of_ideal[c], true);
         json_number("tokens_per_s", r->tokens_per_s[c], true);
         json_number("usd_per_mtoken", r->usd_per_mtoken[c], true);
+        printf("\"ssds_used\": %u, ", r->ssds_used[c]);
         printf("\"error\": ");
         char why[96];
         snprintf(why, sizeof why, "needs %llu bytes of host memory",
@@ -190,36 +234,46 @@ static bool same_group(const tio_advise_point *a, const tio_advise_point *b)
            a->host_cap_bytes == b->host_cap_bytes;
 }
 
-/* One panel: the rows of one group, x = SSDs, y = iteration seconds. */
-static void panel(FILE *f, const tio_advise_row *rows, uint32_t n, uint32_t first, double y0)
+/* A round step for about 4 ticks up to `top`: 1, 2 or 5 times a power of ten. */
+static double tick_step(double top)
+{
+    double raw = top / 4, p = pow(10, floor(log10(raw))), m = raw / p;
+    return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+}
+
+/* One panel: the rows of one group, x = SSDs per GPU, y = iteration
+ * seconds on the chart's one scale `top`. */
+static void panel(FILE *f, const tio_advise_row *rows, uint32_t n, uint32_t first, double y0,
+                  uint32_t max_ssd, double top)
 {
     static const char *colors[TIO_ADVISE_N_STRATEGIES] = {"#999999", "#4e79a7", "#e15759",
                                                            "#59a14f"};
     const double W = 520, H = 180, X = 70;
-    uint32_t max_ssd = 1;
-    double top = 0;
-    for (uint32_t i = first; i < n; i++)
-        if (same_group(&rows[i].point, &rows[first].point)) {
-            if (rows[i].point.ssd_count > max_ssd)
-                max_ssd = rows[i].point.ssd_count;
-            for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++)
-                if (isfinite(rows[i].iteration_s[c]) && rows[i].iteration_s[c] > top)
-                    top = rows[i].iteration_s[c];
-        }
-    top = top > 0 ? top * 1.1 : 1;
     const tio_advise_point *g = &rows[first].point;
     fprintf(f, "<text x='%.0f' y='%.0f' font-size='12'>%u GPU%s x %.0f GB, host %.0f GB per GPU"
             "</text>\n", X, y0 - 8, g->gpus, g->gpus > 1 ? "s" : "", gb(g->capacity_bytes),
             gb(g->host_cap_bytes));
     fprintf(f, "<rect x='%.0f' y='%.0f' width='%.0f' height='%.0f' fill='none' stroke='#ccc'/>\n",
             X, y0, W, H);
-    for (int t = 0; t <= 4; t++)
-        fprintf(f, "<text x='%.0f' y='%.1f' text-anchor='end'>%.3g</text>\n", X - 4,
-                y0 + H - H * t / 4 + 3, top * t / 4);
+    double step = tick_step(top);
+    for (double v = 0; v <= top * 1.0001; v += step)
+        fprintf(f, "<line x1='%.0f' x2='%.0f' y1='%.1f' y2='%.1f' stroke='#eee'/><text x='%.0f' "
+                "y='%.1f' text-anchor='end'>%g</text>\n", X, X + W, y0 + H - H * v / top,
+                y0 + H - H * v / top, X - 4, y0 + H - H * v / top + 3, v);
+    fprintf(f, "<text transform='translate(%.0f,%.0f) rotate(-90)' text-anchor='middle'>"
+            "iteration s</text>\n", X - 40, y0 + H / 2);
     for (uint32_t s = 1; s <= max_ssd; s++)
         fprintf(f, "<text x='%.1f' y='%.0f' text-anchor='middle'>%u</text>\n",
                 X + W * s / (max_ssd + 1), y0 + H + 14, s);
+    fprintf(f, "<text x='%.0f' y='%.0f' text-anchor='middle'>SSDs per GPU</text>\n", X + W / 2,
+            y0 + H + 28);
+    int shown = 0;
     for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++) {
+        int points = 0;
+        for (uint32_t i = first; i < n; i++)
+            points += same_group(&rows[i].point, g) && isfinite(rows[i].iteration_s[c]);
+        if (!points)
+            continue; /* the strategy cannot run in this group: no line, no legend */
         fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='2'%s points='", colors[c],
                 c == TIO_ADVISE_IDEAL ? " stroke-dasharray='5'" : "");
         for (uint32_t i = first; i < n; i++)
@@ -228,41 +282,52 @@ static void panel(FILE *f, const tio_advise_row *rows, uint32_t n, uint32_t firs
                         y0 + H - H * rows[i].iteration_s[c] / top);
         fprintf(f, "'/>\n");
         fprintf(f, "<rect x='%.0f' y='%.0f' width='10' height='10' fill='%s'/><text x='%.0f' "
-                "y='%.0f'>%s</text>\n", X + W + 15, y0 + 10 + 16 * c, colors[c], X + W + 30,
-                y0 + 19 + 16 * c, LABEL[c]);
+                "y='%.0f'>%s</text>\n", X + W + 15, y0 + 10 + 16 * shown, colors[c], X + W + 30,
+                y0 + 19 + 16 * shown, LABEL[c]);
+        shown++;
     }
 }
 
-int advise_write_svg(const char *path, const advise_job_info *job, const tio_advise_row *rows,
+int advise_svg_open(const char *path, tio_atomic_file *af)
+{
+    int rc = tio_atomic_open(af, path);
+    return rc ? cli_lib_error(CMD, rc) : 0;
+}
+
+int advise_svg_write(tio_atomic_file *af, const advise_job_info *job, const tio_advise_row *rows,
                      uint32_t n)
 {
-    uint32_t firsts[16], n_groups = 0;
-    for (uint32_t i = 0; i < n && n_groups < 16; i++) {
+    uint32_t firsts[16], n_groups = 0, max_ssd = 1;
+    double top = 0;
+    for (uint32_t i = 0; i < n; i++) {
         bool seen = false;
         for (uint32_t j = 0; j < n_groups && !seen; j++)
             seen = same_group(&rows[firsts[j]].point, &rows[i].point);
-        if (!seen)
+        if (!seen && n_groups < 16)
             firsts[n_groups++] = i;
+        if (!seen && n_groups == 16)
+            continue;
+        max_ssd = rows[i].point.ssd_count > max_ssd ? rows[i].point.ssd_count : max_ssd;
+        for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++)
+            if (isfinite(rows[i].iteration_s[c]) && rows[i].iteration_s[c] > top)
+                top = rows[i].iteration_s[c];
     }
-    tio_atomic_file af;
-    int rc = tio_atomic_open(&af, path);
-    if (rc)
-        return cli_lib_error(CMD, rc);
-    FILE *f = af.f;
+    top = top > 0 ? top * 1.1 : 1;
+    FILE *f = af->f;
     fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='720' height='%u' "
             "font-family='sans-serif' font-size='10'>\n<text x='10' y='18' font-size='13'>",
-            40 + 230 * n_groups);
-    fputs("iteration time (s) against SSDs per GPU: ", f);
+            40 + 245 * n_groups);
+    fputs("iteration time against SSDs per GPU: ", f);
     for (const char *p = job->model; *p; p++)
         fputs(*p == '<' ? "&lt;" : *p == '&' ? "&amp;" : *p == '\'' ? "&#39;" : (char[2]){*p, 0}, f);
-    fprintf(f, " on %s (simulated)</text>\n", job->hw_name);
+    fprintf(f, " on %s (simulated; one scale for every panel)</text>\n", job->hw_name);
     for (uint32_t g = 0; g < n_groups; g++)
-        panel(f, rows, n, firsts[g], 50 + 230.0 * g);
+        panel(f, rows, n, firsts[g], 50 + 245.0 * g, max_ssd, top);
     fprintf(f, "</svg>\n");
     if (ferror(f)) {
-        tio_atomic_abort(&af);
-        return cli_error(CMD, "%s: write failed", path);
+        tio_atomic_abort(af);
+        return cli_error(CMD, "%s: write failed", af->path);
     }
-    rc = tio_atomic_commit(&af);
+    int rc = tio_atomic_commit(af);
     return rc ? cli_lib_error(CMD, rc) : 0;
 }

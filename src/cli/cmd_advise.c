@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +131,17 @@ static bool parse_list(const char *s, bool bytes, uint64_t lo, uint64_t hi, valu
     return out->n > 0 && s[0] != ',' && s[strlen(s) - 1] != ',' && !strstr(s, ",,");
 }
 
+/* Item i of a comma-separated list is a bare number (no unit). */
+static bool unitless(const char *list, uint32_t i)
+{
+    while (i-- && list)
+        list = strchr(list, ',') ? strchr(list, ',') + 1 : NULL;
+    if (!list)
+        return false;
+    size_t len = strcspn(list, ",");
+    return strspn(list, "0123456789.eE+") == len;
+}
+
 static int parse_price(const char *opt, const char *v, double *out)
 {
     if (!strcmp(v, "0")) {
@@ -146,18 +158,25 @@ static int parse_value(const char *opt, const char *v, advise_args *a)
     double years;
     if (!strcmp(opt, "--gpus"))
         return parse_list(v, false, 1, 65536, &a->gpus) ? 0 :
-               usage_error("--gpus: expected counts 1..65536 like 1,2,4 or 1-8 (at most %d), "
+               usage_error("--gpus: expected counts 1..65536 like 1,2,4 or 1-8 (at most %d values), "
                            "got '%s'", MAX_LIST, v);
     if (!strcmp(opt, "--ssds"))
         return parse_list(v, false, 1, 1024, &a->ssds) ? 0 :
-               usage_error("--ssds: expected counts 1..1024 like 1,2,4 or 1-8 (at most %d), "
+               usage_error("--ssds: expected counts 1..1024 like 1,2,4 or 1-8 (at most %d values), "
                            "got '%s'", MAX_LIST, v);
-    if (!strcmp(opt, "--gpu-mem"))
-        return parse_list(v, true, 1, UINT64_MAX, &a->gpu_mem) ? 0 :
-               usage_error("--gpu-mem: expected byte counts > 0 like 80GB,141GB, got '%s'", v);
-    if (!strcmp(opt, "--host-cap"))
-        return parse_list(v, true, 0, UINT64_MAX, &a->host_cap) ? 0 :
-               usage_error("--host-cap: expected byte counts like 0,256GB, got '%s'", v);
+    if (!strcmp(opt, "--gpu-mem") || !strcmp(opt, "--host-cap")) {
+        bool gpu = opt[2] == 'g';
+        value_list *l = gpu ? &a->gpu_mem : &a->host_cap;
+        if (!parse_list(v, true, gpu ? 1 : 0, UINT64_MAX, l))
+            return usage_error("%s: expected byte counts like %s, got '%s'", opt,
+                               gpu ? "80GB,141GB (each > 0)" : "0,256GB", v);
+        for (uint32_t i = 0; i < l->n; i++)
+            if (l->v[i] && l->v[i] < (1u << 20) && unitless(v, i))
+                return usage_error("%s: %llu bytes is less than 1 MiB: give a unit (%lluGB, or "
+                                   "%lluB if you mean bytes)", opt, (unsigned long long)l->v[i],
+                                   (unsigned long long)l->v[i], (unsigned long long)l->v[i]);
+        return 0;
+    }
     if (!strcmp(opt, "--batch") || !strcmp(opt, "--seq") || !strcmp(opt, "--threads")) {
         uint32_t *slot = opt[2] == 'b' ? &a->batch : opt[2] == 's' ? &a->seq : &a->threads;
         return cli_parse_u32(v, 1, opt[2] == 't' ? 1024 : 1u << 24, slot) ? 0 :
@@ -311,6 +330,60 @@ static const char *resolve_profile(const char *arg, char *buf, size_t n)
     return arg;
 }
 
+/* Read a child's stdout (the first out_len - 1 bytes kept) and stderr (its
+ * last non-empty line kept) until both close. */
+static void read_child(int out_fd, int err_fd, char *out, size_t out_len, char *last,
+                       size_t last_len)
+{
+    struct pollfd p[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
+    char line[512];
+    size_t got = 0, ln = 0;
+    last[0] = '\0';
+    for (int open_fds = 2; open_fds > 0;) {
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (p[i].fd < 0 || !p[i].revents)
+                continue;
+            char buf[4096];
+            ssize_t r = read(p[i].fd, buf, sizeof buf);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                close(p[i].fd);
+                p[i].fd = -1;
+                open_fds--;
+                continue;
+            }
+            for (ssize_t b = 0; b < r; b++) {
+                if (i == 0) {
+                    if (got + 1 < out_len)
+                        out[got++] = buf[b];
+                } else if (buf[b] == '\n' || buf[b] == '\r') {
+                    if (ln) {
+                        line[ln] = '\0';
+                        snprintf(last, last_len, "%s", line);
+                        ln = 0;
+                    }
+                } else if (ln + 1 < sizeof line) {
+                    line[ln++] = buf[b];
+                }
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (p[i].fd >= 0)
+            close(p[i].fd);
+    if (ln) {
+        line[ln] = '\0';
+        snprintf(last, last_len, "%s", line);
+    }
+    out[got] = '\0';
+}
+
 /* Run the tracer; its one line of output is "TOKENS PATH". */
 static int trace_model(const advise_args *a, char *path, size_t path_len, uint64_t *tokens)
 {
@@ -330,38 +403,54 @@ static int trace_model(const advise_args *a, char *path, size_t path_len, uint64
     if (a->checkpointing)
         argv[n++] = "--checkpointing";
     argv[n] = NULL;
-    int fd[2];
-    if (pipe(fd))
+    int out_fd[2], err_fd[2];
+    if (pipe(out_fd))
         return cli_error(CMD, "pipe: %s", strerror(errno));
+    if (pipe(err_fd)) {
+        close(out_fd[0]);
+        close(out_fd[1]);
+        return cli_error(CMD, "pipe: %s", strerror(errno));
+    }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
-    posix_spawn_file_actions_addclose(&fa, fd[0]);
+    posix_spawn_file_actions_adddup2(&fa, out_fd[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err_fd[1], 2);
+    posix_spawn_file_actions_addclose(&fa, out_fd[0]);
+    posix_spawn_file_actions_addclose(&fa, err_fd[0]);
     pid_t pid;
     int rc = posix_spawnp(&pid, py, &fa, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
-    close(fd[1]);
+    close(out_fd[1]);
+    close(err_fd[1]);
     if (rc) {
-        close(fd[0]);
+        close(out_fd[0]);
+        close(err_fd[0]);
         return cli_error(CMD, "cannot run the tracer with '%s': %s (set TERAIO_PYTHON to a Python "
                          "with teraio, torch and transformers)", py, strerror(rc));
     }
-    char out[PATH_MAX + 64];
-    size_t got = 0;
-    ssize_t r;
-    while ((r = read(fd[0], out + got, sizeof out - 1 - got)) > 0 || (r < 0 && errno == EINTR))
-        got += r > 0 ? (size_t)r : 0;
-    close(fd[0]);
-    out[got] = '\0';
+    bool tty = isatty(2);
+    if (tty)
+        fprintf(stderr, "\r\033[Ktracing %s on the meta device (cached after the first time)...",
+                a->model ? a->model : a->config);
+    char out[PATH_MAX + 64], last[512];
+    read_child(out_fd[0], err_fd[0], out, sizeof out, last, sizeof last);
+    if (tty)
+        fprintf(stderr, "\r\033[K");
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) == 127)
-        return cli_error(CMD, "the tracer ('%s -m teraio.advise') %s", py,
-                         WIFEXITED(status) ? "could not start (set TERAIO_PYTHON)"
-                                           : "was killed by a signal");
-    if (WEXITSTATUS(status))
-        return 1; /* the tracer printed its one line */
+    if (!WIFEXITED(status))
+        return cli_error(CMD, "the tracer ('%s -m teraio.advise') was killed by signal %d", py,
+                         WTERMSIG(status));
+    if (WEXITSTATUS(status)) {
+        if (!strncmp(last, "teraio advise: ", 15)) {
+            fprintf(stderr, "%s\n", last); /* the tracer's own one line */
+            return 1;
+        }
+        return cli_error(CMD, "the tracer ('%s -m teraio.advise') failed: %s (TERAIO_PYTHON picks "
+                         "a Python with teraio, torch and transformers)", py,
+                         *last ? last : "no message");
+    }
     unsigned long long t;
     int off = 0;
     if (sscanf(out, "%llu %n", &t, &off) != 1 || !t || off <= 0 || !out[off])
@@ -477,17 +566,27 @@ int cmd_advise(int argc, char **argv)
     }
     tio_advise_options opt = {.tokens_per_iteration = tokens, .prices = a.prices,
                               .threads = a.threads};
+    tio_atomic_file svg;
+    st = a.svg ? advise_svg_open(a.svg, &svg) : 0;
+    if (st) {
+        free(rows);
+        free(pts);
+        tio_trace_destroy(trace);
+        return st;
+    }
     bool tty = isatty(2);
     rc = tio_advise_run(trace, &hw, pts, n, &opt, progress, &tty, rows);
     advise_job_info job = {a.model ? a.model : a.config ? a.config : a.trace, trace_path, hw.name,
                            tokens, a.target, &a.prices};
     if (!rc) {
-        st = a.svg ? advise_write_svg(a.svg, &job, rows, n) : 0; /* refused: nothing printed */
+        st = a.svg ? advise_svg_write(&svg, &job, rows, n) : 0; /* failed: nothing printed */
         if (!st && a.json)
             advise_print_json(&job, rows, n);
         else if (!st)
             advise_print_table(&job, rows, n);
     } else {
+        if (a.svg)
+            tio_atomic_abort(&svg);
         st = cli_lib_error(CMD, rc);
     }
     free(rows);

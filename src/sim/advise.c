@@ -136,6 +136,55 @@ static double hourly_cost(const tio_advise_prices *pr, const tio_advise_point *p
     return p->gpus * (pr->gpu_hour + (capital > 0 ? capital / pr->amortize_hours : 0));
 }
 
+/* Row r's column c at an iteration of it seconds (NaN: it did not run). */
+static void set_time(const advise_job *j, tio_advise_row *r, int c, double it, double ideal_s)
+{
+    const tio_advise_prices *pr = &j->opt->prices;
+    bool priced = pr->gpu_hour > 0 || pr->ssd > 0 || pr->host_gb > 0;
+    double tokens = (double)j->opt->tokens_per_iteration * r->point.gpus;
+    r->iteration_s[c] = it;
+    r->share_of_ideal[c] = ideal_s / it;
+    r->tokens_per_s[c] = tokens / it;
+    r->usd_per_mtoken[c] = priced ? hourly_cost(pr, &r->point) / (tokens / it * 3600) * 1e6 : NAN;
+}
+
+/* The simulator gives host transfers the PCIe bandwidth the SSD array
+ * leaves (tio_hw_channels), whether or not the SSDs are busy, so more
+ * disks can slow a strategy that also uses host memory.  An operator would
+ * leave the extra disks out (teraio and ZeRO-Infinity take the SSD
+ * directories they are given): each strategy's row takes the best time of
+ * the points of its group (same GPUs, device memory and host cap) with no
+ * more SSDs, and says how many it used.  The price stays the row's. */
+static void use_fewer_ssds(const advise_job *j)
+{
+    for (uint32_t i = 0; i < j->n_points; i++) {
+        tio_advise_row *r = &j->rows[i];
+        for (int c = TIO_ADVISE_TERAIO; c < TIO_ADVISE_N_STRATEGIES; c++) {
+            const tio_advise_row *best = NULL;
+            for (uint32_t o = 0; o < j->n_points; o++) {
+                const tio_advise_row *q = &j->rows[o];
+                if (q->point.gpus == r->point.gpus && q->point.ssd_count < r->point.ssd_count &&
+                    q->point.capacity_bytes == r->point.capacity_bytes &&
+                    q->point.host_cap_bytes == r->point.host_cap_bytes && !q->status[c] &&
+                    q->ssds_used[c] == q->point.ssd_count &&
+                    (r->status[c] || q->iteration_s[c] < r->iteration_s[c]) &&
+                    (!best || q->iteration_s[c] < best->iteration_s[c]))
+                    best = q;
+            }
+            if (!best)
+                continue;
+            r->status[c] = 0;
+            r->ssds_used[c] = best->point.ssd_count;
+            set_time(j, r, c, best->iteration_s[c], r->iteration_s[TIO_ADVISE_IDEAL]);
+            if (c == TIO_ADVISE_TERAIO) {
+                r->fits = best->fits;
+                r->bytes_to_ssd = best->bytes_to_ssd;
+                r->bytes_to_host = best->bytes_to_host;
+            }
+        }
+    }
+}
+
 static void run_point(const advise_job *j, uint32_t i)
 {
     const tio_advise_point *p = &j->points[i];
@@ -148,9 +197,7 @@ static void run_point(const advise_job *j, uint32_t i)
     r->floor_bytes = s->lt->floor_bytes;
     r->fits_without_offload = r->peak_bytes <= p->capacity_bytes;
     r->zero_offload_host_bytes = s->offload_host_bytes;
-    const tio_advise_prices *pr = &j->opt->prices;
-    bool priced = pr->gpu_hour > 0 || pr->ssd > 0 || pr->host_gb > 0;
-    double tokens = (double)j->opt->tokens_per_iteration * p->gpus, ideal_s = NAN;
+    double ideal_s = NAN;
     for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++) {
         tio_sim_report rep;
         memset(&rep, 0, sizeof rep);
@@ -159,17 +206,17 @@ static void run_point(const advise_job *j, uint32_t i)
         tio_hw no_ssd = r->hw;
         no_ssd.ssd_array_read_gbps = no_ssd.ssd_array_write_gbps = 1e-9;
         const tio_hw *hw = c == TIO_ADVISE_ZERO_OFFLOAD ? &no_ssd : &r->hw;
-        if (c == TIO_ADVISE_ZERO_OFFLOAD && s->offload_host_bytes > p->host_cap_bytes)
+        if (c != TIO_ADVISE_IDEAL && p->capacity_bytes < r->floor_bytes)
+            r->status[c] = TIO_EINFEASIBLE; /* no strategy goes below the floor */
+        else if (c == TIO_ADVISE_ZERO_OFFLOAD && s->offload_host_bytes > p->host_cap_bytes)
             r->status[c] = -ENOSPC;
         else
             r->status[c] = tio_sim_run(s->trace, s->lt, hw, COLUMNS[c], &rep, NULL);
         double it = r->status[c] ? NAN : rep.iteration_ns / 1e9;
         if (c == TIO_ADVISE_IDEAL)
             ideal_s = it;
-        r->iteration_s[c] = it;
-        r->share_of_ideal[c] = ideal_s / it;
-        r->tokens_per_s[c] = tokens / it;
-        r->usd_per_mtoken[c] = priced ? hourly_cost(pr, p) / (tokens / it * 3600) * 1e6 : NAN;
+        r->ssds_used[c] = p->ssd_count;
+        set_time(j, r, c, it, ideal_s);
         if (c == TIO_ADVISE_TERAIO && !r->status[c]) {
             r->fits = r->floor_bytes <= p->capacity_bytes && rep.plan_fits;
             r->bytes_to_ssd = rep.bytes[TIO_CH_SSD_WRITE];
@@ -280,6 +327,7 @@ int tio_advise_run(const tio_trace *trace, const tio_hw *base, const tio_advise_
     worker(&j); /* this thread works too, and finishes whatever the others leave */
     for (uint32_t t = 0; t < started; t++)
         pthread_join(tids[t], NULL);
+    use_fewer_ssds(&j);
     free(tids);
     pthread_mutex_destroy(&j.mu);
     free_sets(j.sets, j.n_sets);

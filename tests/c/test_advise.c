@@ -21,6 +21,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -135,6 +136,8 @@ static void test_rows_say_what_fits_how_fast_and_what_it_costs(void **state)
 
     assert_false(rows[2].fits_without_offload || rows[2].fits);
     assert_int_equal(rows[2].status[TIO_ADVISE_TERAIO], TIO_EINFEASIBLE);
+    assert_int_equal(rows[2].status[TIO_ADVISE_ZERO_INFINITY], TIO_EINFEASIBLE); /* below the floor */
+    assert_int_equal(rows[2].status[TIO_ADVISE_IDEAL], 0);
     assert_true(isnan(rows[2].iteration_s[TIO_ADVISE_TERAIO]));
     assert_true(isnan(rows[2].tokens_per_s[TIO_ADVISE_TERAIO]));
 
@@ -148,6 +151,36 @@ static void test_rows_say_what_fits_how_fast_and_what_it_costs(void **state)
      * more than twice as fast (the step halves). */
     assert_int_equal(tio_advise_smallest(rows, 4, 0.99), 0);
     assert_int_equal(tio_advise_cheapest(rows, 4, 0.99), 1);
+    tio_trace_destroy(t);
+}
+
+/* PCIe 2.5 GB/s, 1 GB/s per SSD: with a third SSD the host channels keep
+ * 10% of the link (tio_hw_channels), and ZeRO-Infinity, which stages in
+ * host memory, is slower on 3 SSDs than on 2: the 3-SSD row uses 2. */
+static void test_a_row_uses_fewer_of_its_ssds_where_that_is_faster(void **state)
+{
+    (void)state;
+    tio_trace *t = hand_trace();
+    char text[sizeof HW + 64];
+    snprintf(text, sizeof text, "%s", HW);
+    memcpy(strstr(text, "pcie_h2d_gbps = 100"), "pcie_h2d_gbps = 2.5", 19);
+    memcpy(strstr(text, "pcie_d2h_gbps = 100"), "pcie_d2h_gbps = 2.5", 19);
+    tio_hw hw;
+    assert_int_equal(tio_hw_parse(text, strlen(text), "t", &hw), 0);
+    tio_advise_point pts[] = {{1, 3500, 1, 10000}, {1, 3500, 2, 10000}, {1, 3500, 3, 10000}};
+    tio_advise_options opt = {.tokens_per_iteration = 10,
+                              .prices = {.ssd = 100, .amortize_hours = 1000}};
+    tio_advise_row rows[3];
+    assert_int_equal(tio_advise_run(t, &hw, pts, 3, &opt, NULL, NULL, rows), 0);
+    int zi = TIO_ADVISE_ZERO_INFINITY;
+    assert_int_equal(rows[1].ssds_used[zi], 2);
+    assert_int_equal(rows[2].ssds_used[zi], 2);
+    assert_true(rows[2].iteration_s[zi] == rows[1].iteration_s[zi]);
+    assert_true(rows[2].usd_per_mtoken[zi] > rows[1].usd_per_mtoken[zi]); /* 3 SSDs bought */
+    for (int c = TIO_ADVISE_TERAIO; c < TIO_ADVISE_N_STRATEGIES; c++)
+        for (int i = 1; i < 3; i++)
+            if (!rows[i].status[c])
+                assert_true(rows[i].iteration_s[c] <= rows[i - 1].iteration_s[c]);
     tio_trace_destroy(t);
 }
 
@@ -203,6 +236,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_splits_global_tensors_gradients_and_the_optimizer_step),
         cmocka_unit_test(test_rows_say_what_fits_how_fast_and_what_it_costs),
+        cmocka_unit_test(test_a_row_uses_fewer_of_its_ssds_where_that_is_faster),
         cmocka_unit_test(test_smallest_orders_gpus_memory_ssds_host),
         cmocka_unit_test(test_bad_arguments_are_refused_with_a_message),
     };

@@ -416,7 +416,8 @@ expect_status "advise: --hw by the name of a shipped profile" 0 \
   "$teraio" advise --trace "$work/plan.tio" --tokens 5 --hw h100-nvl-paper --ssds 1 --host-cap 0
 expect_one_line_error "advise: --hw name of no profile" \
   "$teraio" advise --trace "$work/plan.tio" --tokens 5 --hw h900-dream
-expect_status "advise: a sweep" 0 "${adv[@]}" --ssds 1-3 --gpu-mem 4000,1000 --host-cap 0,1MB \
+expect_one_line_error "advise: --gpu-mem 80 (bytes? no unit)" "${adv[@]}" --gpu-mem 80
+expect_status "advise: a sweep" 0 "${adv[@]}" --ssds 1-3 --gpu-mem 4000B,1000B --host-cap 0,1MB \
   --price-gpu-hour 2 --price-ssd 100 --svg "$work/advise.svg"
 expect_true "advise --svg: one panel per GPU memory and host cap" \
   test "$(grep -c "GB per GPU</text>" "$work/advise.svg")" -eq 4
