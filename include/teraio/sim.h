@@ -31,6 +31,7 @@
  *   cpu_adam_params_per_s  CPU Adam updates per second for this GPU, > 0
  *   gpu_matmul_tflops, gpu_vector_tflops, gpu_mem_gbps, matmul_efficiency,
  *   mem_efficiency, kernel_overhead_us   optional: the roofline constants
+ *                        (the efficiencies are shares of the peak, in (0, 1])
  *                        the paper tracer (python/teraio/paper.py) reads
  *   gpu_matmul_16bit_tflops  optional: dense bf16/fp16 tensor-core rate, for
  *                        traces of 16-bit models (teraio advise --dtype bf16)

@@ -58,7 +58,7 @@ COMMON_MODELS = {
 }
 
 # Bumped whenever a change here changes the traces (part of the cache key).
-TRACER_VERSION = 1
+TRACER_VERSION = 2
 
 DTYPES = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -178,7 +178,12 @@ def trace(model: str | None = None, config: str | None = None, *, hw: str, batch
                                          hwd))
     tokens = batch * seq
     if os.path.exists(path):
-        return path, tokens
+        from .core import Trace
+        try:
+            Trace.load(path)
+            return path, tokens
+        except TeraioError:  # a damaged cache entry: made again
+            os.unlink(path)
     try:
         roof = _Roofline16(hwd) if dtype == "bf16" else paper.Roofline(hwd)
     except (ValueError, TeraioError) as e:
@@ -191,7 +196,8 @@ def trace(model: str | None = None, config: str | None = None, *, hw: str, batch
                                f"(max_position_embeddings)")
     opt = _optimizer(optimizer, net.parameters())
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    text = (f"advise {name} batch={batch} seq={seq} dtype={dtype} optimizer={optimizer} "
+    label = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64]
+    text = (f"advise {label} batch={batch} seq={seq} dtype={dtype} optimizer={optimizer} "
             f"checkpointing={int(checkpointing)} tokens={tokens}")
     def step():  # gradients live from the backward pass to the step, as in TorchTitan
         net(input_ids=ids, labels=ids).loss.backward()
@@ -231,7 +237,7 @@ def trace_module(net, opt, step, text: str, kernel_time, path: str) -> None:
 def _list(v, unit: str = "") -> str:
     """A list argument in the command's syntax; `unit` is appended to
     integers (byte counts given as ints are bytes)."""
-    items = v if isinstance(v, (list, tuple, range)) else [v]
+    items = [v] if isinstance(v, (str, int, float)) else list(v)
     return ",".join(f"{x}{unit}" if isinstance(x, int) and not isinstance(x, bool) else str(x)
                     for x in items)
 
@@ -251,6 +257,12 @@ def advise(model: str | None = None, *, config: str | None = None, trace_path: s
     syntax ("1-8", "80GB,141GB"); sizes are bytes or strings with units.
     Raises TeraioError with the command's one-line message on bad input."""
     from .__main__ import _binary
+    for what, v in (("hw", hw), ("dtype", dtype), ("optimizer", optimizer)):
+        if not isinstance(v, str):
+            raise TeraioError(-22, f"teraio.advise: {what} must be a string, got {v!r}")
+    if not isinstance(checkpointing, bool):
+        raise TeraioError(-22, f"teraio.advise: checkpointing must be True or False, "
+                               f"got {checkpointing!r}")
     argv = [_binary(), "advise", "--json", "--hw", hw, "--batch", str(batch), "--seq", str(seq),
             "--dtype", dtype, "--optimizer", optimizer, "--target", str(target)]
     for flag, v in (("--model", model), ("--config", config), ("--trace", trace_path),
@@ -270,8 +282,9 @@ def advise(model: str | None = None, *, config: str | None = None, trace_path: s
     r = subprocess.run(argv, capture_output=True, text=True, env=env)
     if r.returncode:
         lines = r.stderr.strip().splitlines()
-        raise TeraioError(-22 if r.returncode == 2 else -5, lines[-1] if lines else
-                          f"teraio advise failed (exit {r.returncode})")
+        msg = lines[-1] if lines else f"teraio advise failed (exit {r.returncode})"
+        raise TeraioError(-22 if r.returncode == 2 else -5,
+                          msg.replace(" (try 'teraio advise --help')", ""))
     return json.loads(r.stdout)
 
 
@@ -310,10 +323,10 @@ def main(argv=None) -> int:
         print(f"teraio advise: tracing needs torch and transformers in {sys.executable} "
               f"(TERAIO_PYTHON picks another): {e}", file=sys.stderr)
         return 1
-    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError, MemoryError,
-            OSError) as e:
-        first = str(e).splitlines()[0] if str(e) else ""
-        print(f"teraio advise: tracing {what} failed: {type(e).__name__}: {first}",
+    except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        why = "; ".join(lines[:2])[:300]
+        print(f"teraio advise: tracing {what} failed: {type(e).__name__}: {why}",
               file=sys.stderr)
         return 1
     print(f"{tokens} {path}")

@@ -183,6 +183,9 @@ class Roofline:
         if name == "aten.addmm.default":
             a, b = args[1], args[2]
             return 2.0 * a.numel() * b.shape[-1]
+        if name.startswith("aten._grouped_mm"):  # MoE experts: (tokens, k) x (experts, k, n)
+            a, b = args[0], args[1]
+            return 2.0 * a.numel() * b.shape[-1]
         if name.startswith("aten._scaled_dot_product_flash_attention"):
             q = args[0] if "backward" not in name else args[1]
             b, h, s, d = q.shape

@@ -288,6 +288,21 @@ static void panel(FILE *f, const tio_advise_row *rows, uint32_t n, uint32_t firs
     }
 }
 
+static void xml_text(FILE *f, const char *s)
+{
+    for (; *s; s++)
+        if (*s == '<')
+            fputs("&lt;", f);
+        else if (*s == '>')
+            fputs("&gt;", f);
+        else if (*s == '&')
+            fputs("&amp;", f);
+        else if (*s == '\'')
+            fputs("&#39;", f);
+        else
+            fputc(*s, f);
+}
+
 int advise_svg_open(const char *path, tio_atomic_file *af)
 {
     int rc = tio_atomic_open(af, path);
@@ -297,15 +312,18 @@ int advise_svg_open(const char *path, tio_atomic_file *af)
 int advise_svg_write(tio_atomic_file *af, const advise_job_info *job, const tio_advise_row *rows,
                      uint32_t n)
 {
-    uint32_t firsts[16], n_groups = 0, max_ssd = 1;
+    uint32_t firsts[16], n_groups = 0, max_ssd = 1, groups = 0;
     double top = 0;
     for (uint32_t i = 0; i < n; i++) {
-        bool seen = false;
-        for (uint32_t j = 0; j < n_groups && !seen; j++)
-            seen = same_group(&rows[firsts[j]].point, &rows[i].point);
+        bool seen = false, drawn = false;
+        for (uint32_t j = 0; j < i && !seen; j++)
+            seen = same_group(&rows[j].point, &rows[i].point);
+        groups += !seen;
         if (!seen && n_groups < 16)
             firsts[n_groups++] = i;
-        if (!seen && n_groups == 16)
+        for (uint32_t j = 0; j < n_groups && !drawn; j++)
+            drawn = same_group(&rows[firsts[j]].point, &rows[i].point);
+        if (!drawn)
             continue;
         max_ssd = rows[i].point.ssd_count > max_ssd ? rows[i].point.ssd_count : max_ssd;
         for (int c = 0; c < TIO_ADVISE_N_STRATEGIES; c++)
@@ -318,15 +336,18 @@ int advise_svg_write(tio_atomic_file *af, const advise_job_info *job, const tio_
             "font-family='sans-serif' font-size='10'>\n<text x='10' y='18' font-size='13'>",
             40 + 245 * n_groups);
     fputs("iteration time against SSDs per GPU: ", f);
-    for (const char *p = job->model; *p; p++)
-        fputs(*p == '<' ? "&lt;" : *p == '&' ? "&amp;" : *p == '\'' ? "&#39;" : (char[2]){*p, 0}, f);
-    fprintf(f, " on %s (simulated; one scale for every panel)</text>\n", job->hw_name);
+    xml_text(f, job->model);
+    fputs(" on ", f);
+    xml_text(f, job->hw_name);
+    fprintf(f, " (simulated; one scale for every panel%s)</text>\n",
+            groups > 16 ? "; the first 16 panels" : "");
     for (uint32_t g = 0; g < n_groups; g++)
         panel(f, rows, n, firsts[g], 50 + 245.0 * g, max_ssd, top);
     fprintf(f, "</svg>\n");
     if (ferror(f)) {
+        int st = cli_error(CMD, "%s: write failed", af->path);
         tio_atomic_abort(af);
-        return cli_error(CMD, "%s: write failed", af->path);
+        return st;
     }
     int rc = tio_atomic_commit(af);
     return rc ? cli_lib_error(CMD, rc) : 0;

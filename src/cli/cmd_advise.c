@@ -18,6 +18,7 @@
  * are one line on stderr.  Exit status 0, 1 on errors, 2 on usage errors.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
@@ -144,9 +145,14 @@ static bool unitless(const char *list, uint32_t i)
 
 static int parse_price(const char *opt, const char *v, double *out)
 {
-    if (!strcmp(v, "0")) {
-        *out = 0;
-        return 0;
+    /* 0, 0.0, 0e5: no price; otherwise a positive number */
+    if (v[0] == '0' || v[0] == '.') {
+        char *end;
+        double z = strtod(v, &end);
+        if (!*end && z == 0 && strspn(v, "0.eE+") == strlen(v)) {
+            *out = 0;
+            return 0;
+        }
     }
     if (!cli_parse_positive(v, out))
         return usage_error("%s: expected a price >= 0, got '%s'", opt, v);
@@ -191,6 +197,9 @@ static int parse_value(const char *opt, const char *v, advise_args *a)
     }
     if (!strcmp(opt, "--ssd-gbps")) {
         char buf[64];
+        if (strlen(v) >= sizeof buf)
+            return usage_error("--ssd-gbps: expected READ or READ,WRITE in GB/s > 0, got '%.40s...'",
+                               v);
         snprintf(buf, sizeof buf, "%s", v);
         char *comma = strchr(buf, ',');
         if (comma)
@@ -463,11 +472,24 @@ static int trace_model(const advise_args *a, char *path, size_t path_len, uint64
     return 0;
 }
 
-/* tokens=N in a trace's model text (the advise tracer writes it). */
+/* The word tokens=N (N: 1 to 2^32 - 1 in digits, then a blank or the end)
+ * in a trace's model text, as the advise tracer writes it; 0 if none. */
 static uint64_t tokens_in_model_text(const tio_trace *t)
 {
-    const char *p = t->model ? strstr(t->model, "tokens=") : NULL;
-    return p ? strtoull(p + 7, NULL, 10) : 0;
+    for (const char *p = t->model; p && (p = strstr(p, "tokens=")); p += 7) {
+        if (p != t->model && p[-1] != ' ' && p[-1] != '\t')
+            continue;
+        char digits[16];
+        size_t n = strspn(p + 7, "0123456789");
+        if (!n || n >= sizeof digits || (p[7 + n] && p[7 + n] != ' ' && p[7 + n] != '\t'))
+            continue;
+        memcpy(digits, p + 7, n);
+        digits[n] = '\0';
+        uint32_t v;
+        if (cli_parse_u32(digits, 1, UINT32_MAX, &v))
+            return v;
+    }
+    return 0;
 }
 
 /* ---- the sweep ----------------------------------------------------------------- */
@@ -521,12 +543,74 @@ static void progress(void *ctx, uint32_t done, uint32_t total)
     fflush(stderr);
 }
 
+/* The trace: loaded from --trace, or made by the tracer; its tokens per iteration. */
+static int load_trace(const advise_args *a, tio_trace **trace, char *path, size_t path_len,
+                      uint64_t *tokens)
+{
+    *tokens = a->tokens;
+    if (a->trace) {
+        snprintf(path, path_len, "%s", a->trace);
+    } else {
+        int st = trace_model(a, path, path_len, tokens);
+        if (st)
+            return st;
+    }
+    int rc = tio_trace_load(path, trace);
+    if (rc)
+        return cli_lib_error(CMD, rc);
+    if (!*tokens)
+        *tokens = tokens_in_model_text(*trace);
+    if (!*tokens) {
+        tio_trace_destroy(*trace);
+        *trace = NULL;
+        return usage_error("%s: the trace does not say its tokens per iteration: give --tokens N",
+                           path);
+    }
+    return 0;
+}
+
+static int run_and_print(const advise_args *a, const tio_hw *hw, const tio_advise_point *pts,
+                         uint32_t n, tio_atomic_file *svg)
+{
+    char path[PATH_MAX + 64];
+    tio_trace *trace = NULL;
+    uint64_t tokens;
+    int st = load_trace(a, &trace, path, sizeof path, &tokens);
+    tio_advise_row *rows = st ? NULL : calloc(n, sizeof *rows);
+    if (!st && !rows)
+        st = cli_error(CMD, "out of memory for %u rows", n);
+    if (st) {
+        tio_trace_destroy(trace);
+        return st;
+    }
+    tio_advise_options opt = {.tokens_per_iteration = tokens, .prices = a->prices,
+                              .threads = a->threads};
+    bool tty = isatty(2);
+    int rc = tio_advise_run(trace, hw, pts, n, &opt, progress, &tty, rows);
+    advise_job_info job = {a->model ? a->model : a->config ? a->config : a->trace, path,
+                           hw->name, tokens, a->target, &a->prices};
+    if (rc) {
+        st = cli_lib_error(CMD, rc);
+    } else {
+        st = a->svg ? advise_svg_write(svg, &job, rows, n) : 0; /* failed: nothing printed */
+        if (!st && a->json)
+            advise_print_json(&job, rows, n);
+        else if (!st)
+            advise_print_table(&job, rows, n);
+    }
+    free(rows);
+    tio_trace_destroy(trace);
+    return st;
+}
+
 int cmd_advise(int argc, char **argv)
 {
     advise_args a;
     int st = parse_args(argc, argv, &a);
     if (st)
         return st < 0 ? 0 : st;
+    if (fcntl(1, F_GETFD) < 0)
+        return cli_error(CMD, "standard output is closed: nowhere to print the answer");
     char profile[PATH_MAX + 64];
     a.hw_path = resolve_profile(a.hw_path, profile, sizeof profile);
     tio_hw hw;
@@ -534,63 +618,20 @@ int cmd_advise(int argc, char **argv)
     if (rc)
         return cli_lib_error(CMD, rc);
     apply_hw_flags(&a, &hw);
-    char traced[PATH_MAX + 64];
-    uint64_t tokens = a.tokens;
-    const char *trace_path = a.trace;
-    if (!trace_path) {
-        st = trace_model(&a, traced, sizeof traced, &tokens);
-        if (st)
-            return st;
-        trace_path = traced;
-    }
-    tio_trace *trace = NULL;
-    rc = tio_trace_load(trace_path, &trace);
-    if (rc)
-        return cli_lib_error(CMD, rc);
-    if (!tokens)
-        tokens = tokens_in_model_text(trace);
-    if (!tokens) {
-        tio_trace_destroy(trace);
-        return usage_error("%s: the trace does not say its tokens per iteration: give --tokens N",
-                           trace_path);
-    }
     tio_advise_point *pts = calloc(MAX_POINTS, sizeof *pts);
-    uint32_t n = pts ? make_points(&a, &hw, pts) : 0;
-    tio_advise_row *rows = n && n != UINT32_MAX ? calloc(n, sizeof *rows) : NULL;
-    if (!rows) {
-        free(pts);
-        tio_trace_destroy(trace);
-        return n == UINT32_MAX ? usage_error("more than %d hardware points: shorten the lists",
-                                             MAX_POINTS)
-                               : cli_error(CMD, "out of memory");
-    }
-    tio_advise_options opt = {.tokens_per_iteration = tokens, .prices = a.prices,
-                              .threads = a.threads};
+    if (!pts)
+        return cli_error(CMD, "out of memory");
+    uint32_t n = make_points(&a, &hw, pts);
     tio_atomic_file svg;
-    st = a.svg ? advise_svg_open(a.svg, &svg) : 0;
-    if (st) {
-        free(rows);
-        free(pts);
-        tio_trace_destroy(trace);
-        return st;
-    }
-    bool tty = isatty(2);
-    rc = tio_advise_run(trace, &hw, pts, n, &opt, progress, &tty, rows);
-    advise_job_info job = {a.model ? a.model : a.config ? a.config : a.trace, trace_path, hw.name,
-                           tokens, a.target, &a.prices};
-    if (!rc) {
-        st = a.svg ? advise_svg_write(&svg, &job, rows, n) : 0; /* failed: nothing printed */
-        if (!st && a.json)
-            advise_print_json(&job, rows, n);
-        else if (!st)
-            advise_print_table(&job, rows, n);
-    } else {
-        if (a.svg)
+    st = n == UINT32_MAX ? usage_error("more than %d hardware points: shorten the lists", MAX_POINTS)
+         : a.svg ? advise_svg_open(a.svg, &svg) : 0;
+    if (!st) {
+        st = run_and_print(&a, &hw, pts, n, a.svg ? &svg : NULL);
+        if (st && a.svg && svg.f)
             tio_atomic_abort(&svg);
-        st = cli_lib_error(CMD, rc);
     }
-    free(rows);
     free(pts);
-    tio_trace_destroy(trace);
+    if (!st && (fflush(stdout) || ferror(stdout)))
+        return cli_error(CMD, "standard output: write failed: %s", strerror(errno));
     return st;
 }

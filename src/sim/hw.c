@@ -172,6 +172,11 @@ int tio_hw_parse(const char *text, size_t len, const char *origin, tio_hw *out)
         if (FIELDS[i].required && !seen[i])
             return tio_fail(TIO_EPARSE, "%s: field '%s': missing (required)", origin,
                             FIELDS[i].key);
+    if (hw.matmul_efficiency > 1 || hw.mem_efficiency > 1)
+        return tio_fail(TIO_EPARSE, "%s: field '%s': expected a share of the peak in (0, 1], "
+                        "got %g", origin, hw.matmul_efficiency > 1 ? "matmul_efficiency"
+                        : "mem_efficiency", hw.matmul_efficiency > 1 ? hw.matmul_efficiency
+                        : hw.mem_efficiency);
     *out = hw;
     return 0;
 }

@@ -73,6 +73,8 @@ static void test_hw_parse_errors(void **state)
     char buf[1024];
     snprintf(buf, sizeof buf, "%sbogus = 1\n", GOOD_HW);
     expect_parse_error(buf, "t.conf:13: unknown key 'bogus'");
+    snprintf(buf, sizeof buf, "%smatmul_efficiency = 5\n", GOOD_HW);
+    expect_parse_error(buf, "field 'matmul_efficiency': expected a share of the peak in (0, 1]");
     snprintf(buf, sizeof buf, "%sname = again\n", GOOD_HW);
     expect_parse_error(buf, "t.conf:13: field 'name': given twice");
     expect_parse_error("name = x\n", "field 'capacity_bytes': missing");

@@ -417,6 +417,20 @@ expect_status "advise: --hw by the name of a shipped profile" 0 \
 expect_one_line_error "advise: --hw name of no profile" \
   "$teraio" advise --trace "$work/plan.tio" --tokens 5 --hw h900-dream
 expect_one_line_error "advise: --gpu-mem 80 (bytes? no unit)" "${adv[@]}" --gpu-mem 80
+# tokens= is read as a whole word of digits (the breaker's max_tokens=4096, tokens=-5, 12abc)
+for line in "x max_tokens=4096 tokens=128" "x tokens=-5" "x tokens=12abc" "x tokens=99999999999"; do
+  sed "1a model $line" "$work/plan.tio" >"$work/tok.tio"
+  "$teraio" advise --trace "$work/tok.tio" --ssds 1 --host-cap 0 --json >"$work/tok.json" 2>"$work/tok.err" || true
+  want=$([ "$line" = "x max_tokens=4096 tokens=128" ] && echo '"tokens_per_gpu_iteration": 128' || echo "give --tokens N")
+  if ! grep -q -- "$want" "$work/tok.json" "$work/tok.err"; then
+    failed=$((failed + 1))
+    echo "FAIL: advise: model line '$line' did not give: $want" >&2
+  else
+    passed=$((passed + 1))
+  fi
+done
+expect_one_line_error "advise: stdout full" bash -c '"$0" advise --trace "$1" --tokens 5 --ssds 1 --host-cap 0 >/dev/full' "$teraio" "$work/plan.tio"
+expect_status "advise: price 0.0 is no price" 0 "${adv[@]}" --ssds 1 --host-cap 0 --price-ssd 0.0
 expect_status "advise: a sweep" 0 "${adv[@]}" --ssds 1-3 --gpu-mem 4000B,1000B --host-cap 0,1MB \
   --price-gpu-hour 2 --price-ssd 100 --svg "$work/advise.svg"
 expect_true "advise --svg: one panel per GPU memory and host cap" \

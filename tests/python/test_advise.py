@@ -48,6 +48,10 @@ def test_a_trace_is_cached_and_says_its_tokens(tiny_config, tmp_path):
     kinds = {t.tensor_kind(i) for i in range(t.n_tensors)}
     assert {"parameter", "gradient", "optimizer_state", "activation"} <= kinds
     assert sorted(os.listdir(cache)) == sorted([os.path.basename(path), os.path.basename(other)])
+    with open(path, "r+b") as f:  # a damaged cache entry is made again, not served
+        f.truncate(500)
+    again, _ = trace(config=tiny_config, hw=H200, batch=2, seq=64, cache=cache)
+    assert again == path and Trace.load(path).n_kernels == t.n_kernels
 
 
 def test_advise_answers_per_hardware_point(tiny_config, tmp_path):
@@ -120,3 +124,12 @@ def test_bad_input_is_one_clear_error(tiny_config, tmp_path):
         advise(config=tiny_config, hw=str(tmp_path / "none.conf"))
     with pytest.raises(TeraioError, match="--ssds"):
         advise(config=tiny_config, hw=H200, ssds="0")
+    odd = tmp_path / "odd" / "config.json"  # the model's own code refuses it: one line
+    odd.parent.mkdir()
+    odd.write_text(json.dumps(dict(TINY, hidden_size="abc")))
+    with pytest.raises(TeraioError, match=r"^teraio advise: tracing .* failed: \w+"):
+        advise(config=str(odd), hw=H200, cache=str(tmp_path))
+    with pytest.raises(TeraioError, match="longer than .* 256 positions"):
+        advise(config=tiny_config, hw=H200, seq=4096, cache=str(tmp_path))
+    with pytest.raises(TeraioError, match="checkpointing must be True or False"):
+        advise(config=tiny_config, hw=H200, checkpointing="no")
