@@ -153,7 +153,7 @@ def meta_trace(kind: str, profile: Path) -> tuple[Path, int]:
 
 def advise(trace: Path, profile: Path, capacities: list[int]) -> list[dict]:
     r = subprocess.run([str(TERAIO), "advise", "--trace", str(trace), "--hw", str(profile),
-                        "--gpu-mem", ",".join(map(str, capacities)), "--ssds", "1",
+                        "--gpu-mem", ",".join(f"{c}B" for c in capacities), "--ssds", "1",
                         "--host-cap", "0", "--json"], capture_output=True, text=True, check=True)
     return json.loads(r.stdout)["rows"]
 

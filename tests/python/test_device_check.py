@@ -33,8 +33,8 @@ def test_dry_run_finds_the_build_and_writes_the_plan(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads((tmp_path / "device-check.json").read_text())
     assert out["dry_run"] and out["missing"] == []
-    assert out["plan"] == ["machine", "build", "tests", "bandwidth", "demo", "torch_activation_offloading",
-                           "demo_compiled"]
+    assert out["plan"] == ["machine", "build", "tests", "bandwidth", "demo", "advise",
+                           "torch_activation_offloading", "demo_compiled"]
     assert ("cuda" in out["teraio_features"].split()) == (gpu.cuda_info()["state"] != "not built")
     assert "device-check: dry run: build complete" in r.stdout
 
