@@ -18,7 +18,7 @@ static const struct subcommand commands[] = {
     {"version", cmd_version, "version                 print the version and compiled-in features"},
     {"analyze", cmd_analyze, "analyze TRACE [--ssd-read-gbps R --ssd-write-gbps W] [--json]  inactive periods, memory curve, paper statistics"},
     {"eval", cmd_eval, "eval paper --traces DIR [--json] [--svg DIR] | eval trace TRACE --hw PROFILE  simulate offloading strategies"},
-    {"advise", cmd_advise, "advise --model NAME|--config FILE|--trace TRACE --hw PROFILE [--gpus L] [--ssds L] ...  what fits, how fast, what it costs"},
+    {"advise", cmd_advise, "advise --model NAME|--config FILE|--trace TRACE [--hw PROFILE] [--gpus L] [--ssds L] ...  what fits, how fast, what it costs"},
     {"plan", cmd_plan, "plan TRACE --capacity BYTES [--ssd-read-gbps R] [--ssd-write-gbps W] [--host-cap BYTES] -o PLAN"},
     {"bench", cmd_bench, "bench io [--dir DIR ...] [--size BYTES] [--bs BYTES] [--qd N] [--runs N] [--json]  engine vs fio"},
     {"data", cmd_data, "data inspect DIR | data ingest SRC OUT [--tokenizer SPEC] | data bench DIR [--seq-len N] [--json]  the data loader"},
