@@ -97,7 +97,9 @@ typedef struct {
      * point has where a point of the same GPUs, device memory and host cap
      * with fewer SSDs ran faster (the simulator splits PCIe between SSD and
      * host traffic statically, so idle disks can slow host transfers; an
-     * operator leaves them out).  Its price is still the point's. */
+     * operator leaves them out).  Its price is still the point's.  0 for
+     * ideal and ZeRO-Offload, which use none.  Only the sweep's own points
+     * are compared: a point swept alone keeps its own time. */
     uint32_t ssds_used[TIO_ADVISE_N_STRATEGIES];
     uint64_t bytes_to_ssd;      /* teraio, per GPU and iteration */
     uint64_t bytes_to_host;     /* teraio, per GPU and iteration */

@@ -326,6 +326,8 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line
         lines = [x.strip() for x in str(e).splitlines() if x.strip()]
         why = "; ".join(lines[:2])[:300]
+        if "Expected inputs of BF16" in why:
+            why += " (a mixture-of-experts model traces in bf16: --dtype bf16)"
         print(f"teraio advise: tracing {what} failed: {type(e).__name__}: {why}",
               file=sys.stderr)
         return 1

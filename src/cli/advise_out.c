@@ -31,7 +31,7 @@ static void print_time(const tio_advise_row *r, int c)
 {
     if (!isfinite(r->iteration_s[c]))
         printf(" %9s", "-");
-    else if (r->ssds_used[c] < r->point.ssd_count)
+    else if (r->ssds_used[c] && r->ssds_used[c] < r->point.ssd_count)
         printf(" %8.3f*", r->iteration_s[c]);
     else
         printf(" %9.3f", r->iteration_s[c]);
@@ -186,11 +186,19 @@ static void json_row(const tio_advise_row *r, bool comma)
         json_number("usd_per_mtoken", r->usd_per_mtoken[c], true);
         printf("\"ssds_used\": %u, ", r->ssds_used[c]);
         printf("\"error\": ");
-        char why[96];
-        snprintf(why, sizeof why, "needs %llu bytes of host memory",
-                 (unsigned long long)r->zero_offload_host_bytes);
+        char why[128];
+        if (r->status[c] == -ENOSPC)
+            snprintf(why, sizeof why, "needs %llu bytes of host memory",
+                     (unsigned long long)r->zero_offload_host_bytes);
+        else if (r->status[c] == TIO_EINFEASIBLE)
+            snprintf(why, sizeof why, "device memory below the working-set floor (%llu bytes)",
+                     (unsigned long long)r->floor_bytes);
+        else if (r->status[c] == -ERANGE)
+            snprintf(why, sizeof why, "the simulated time overflows: a bandwidth far too small");
+        else
+            snprintf(why, sizeof why, "%s", tio_strerror(r->status[c]));
         if (r->status[c])
-            cli_json_string(stdout, r->status[c] == -ENOSPC ? why : tio_strerror(r->status[c]));
+            cli_json_string(stdout, why);
         else
             printf("null");
         printf("}%s", c + 1 < TIO_ADVISE_N_STRATEGIES ? ", " : "");

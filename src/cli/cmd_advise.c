@@ -185,8 +185,9 @@ static int parse_value(const char *opt, const char *v, advise_args *a)
     }
     if (!strcmp(opt, "--batch") || !strcmp(opt, "--seq") || !strcmp(opt, "--threads")) {
         uint32_t *slot = opt[2] == 'b' ? &a->batch : opt[2] == 's' ? &a->seq : &a->threads;
-        return cli_parse_u32(v, 1, opt[2] == 't' ? 1024 : 1u << 24, slot) ? 0 :
-               usage_error("%s: expected a whole number >= 1, got '%s'", opt, v);
+        uint32_t hi = opt[2] == 't' ? 1024 : 1u << 24;
+        return cli_parse_u32(v, 1, hi, slot) ? 0 :
+               usage_error("%s: expected a whole number in 1..%u, got '%s'", opt, hi, v);
     }
     if (!strcmp(opt, "--tokens")) {
         uint32_t t;
@@ -247,9 +248,25 @@ static int parse_value(const char *opt, const char *v, advise_args *a)
     return 0;
 }
 
+static const char *const VALUE_OPTIONS[] = {
+    "--model", "--config", "--trace", "--hw", "--svg", "--cache", "--batch", "--seq", "--dtype",
+    "--optimizer", "--gpus", "--gpu-mem", "--ssds", "--host-cap", "--ssd-gbps", "--pcie-gbps",
+    "--price-gpu-hour", "--price-ssd", "--price-host-gb", "--amortize-years", "--target",
+    "--tokens", "--threads"};
+
 static bool takes_value(const char *opt)
 {
-    return strcmp(opt, "--json") && strcmp(opt, "--checkpointing");
+    for (size_t i = 0; i < sizeof VALUE_OPTIONS / sizeof VALUE_OPTIONS[0]; i++)
+        if (!strcmp(opt, VALUE_OPTIONS[i]))
+            return true;
+    return false;
+}
+
+/* Options that shape the job the tracer makes: a trace given fixes them. */
+static bool shapes_job(const char *opt)
+{
+    return !strcmp(opt, "--batch") || !strcmp(opt, "--seq") || !strcmp(opt, "--dtype") ||
+           !strcmp(opt, "--optimizer") || !strcmp(opt, "--checkpointing");
 }
 
 static int parse_args(int argc, char **argv, advise_args *a)
@@ -261,6 +278,7 @@ static int parse_args(int argc, char **argv, advise_args *a)
     a->dtype = "fp32";
     a->optimizer = "adamw";
     a->prices.amortize_hours = 3 * 365 * 24;
+    const char *job_option = NULL;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
@@ -279,7 +297,11 @@ static int parse_args(int argc, char **argv, advise_args *a)
             int st = parse_value(s, argv[++i], a);
             if (st)
                 return st;
+        } else {
+            return usage_error("unknown option '%s'", s);
         }
+        if (shapes_job(s) && !job_option)
+            job_option = s;
     }
     int sources = !!a->model + !!a->config + !!a->trace;
     if (sources != 1)
@@ -289,6 +311,9 @@ static int parse_args(int argc, char **argv, advise_args *a)
         a->hw_path = "h100-nvl-paper"; /* the GPU's roofline; the flags replace the rest */
     if (!a->trace && a->tokens)
         return usage_error("--tokens is for --trace (a traced model's tokens are batch x seq)");
+    if (a->trace && job_option)
+        return usage_error("%s is for --model and --config: a trace fixes its job (batch, "
+                           "sequence, dtype, optimizer, checkpointing)", job_option);
     return 0;
 }
 

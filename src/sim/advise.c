@@ -215,7 +215,7 @@ static void run_point(const advise_job *j, uint32_t i)
         double it = r->status[c] ? NAN : rep.iteration_ns / 1e9;
         if (c == TIO_ADVISE_IDEAL)
             ideal_s = it;
-        r->ssds_used[c] = p->ssd_count;
+        r->ssds_used[c] = c == TIO_ADVISE_IDEAL || c == TIO_ADVISE_ZERO_OFFLOAD ? 0 : p->ssd_count;
         set_time(j, r, c, it, ideal_s);
         if (c == TIO_ADVISE_TERAIO && !r->status[c]) {
             r->fits = r->floor_bytes <= p->capacity_bytes && rep.plan_fits;

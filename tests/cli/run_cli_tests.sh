@@ -409,6 +409,9 @@ expect_one_line_error "advise: --dtype fp8" "${adv[@]}" --dtype fp8
 expect_one_line_error "advise: --optimizer lion" "${adv[@]}" --optimizer lion
 expect_one_line_error "advise: too many points" "${adv[@]}" --gpus 1-64 --ssds 1-64 --host-cap 0,1,2
 expect_one_line_error "advise: unknown option" "${adv[@]}" --fast
+expect_one_line_error "advise: unknown option last" "${adv[@]}" --json --fast
+expect_one_line_error "advise: --trace fixes the job (--dtype)" "${adv[@]}" --dtype bf16
+expect_one_line_error "advise: --trace fixes the job (--checkpointing)" "${adv[@]}" --checkpointing
 expect_one_line_error "advise: --svg into a missing directory" "${adv[@]}" --svg "$work/no/dir/a.svg"
 expect_one_line_error "advise: tracer that cannot start" \
   env TERAIO_PYTHON="$work/no-python" "$teraio" advise --model gpt2 --hw "$work/ok.conf"
