@@ -66,12 +66,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 
 def models() -> dict:
     """Every built-in model's configuration (config.json keys), by name."""
-    out = {}
-    for name, spec in paper.MODELS.items():
-        spec = dict(spec)
-        cls = spec.pop("cls")
-        spec.pop("params")
-        out[name] = dict(model_type="llama" if cls == "llama" else "gpt_bigcode", **spec)
+    out = {name: paper.model_config(name) for name in paper.MODELS}
     out.update(COMMON_MODELS)
     return out
 
@@ -96,28 +91,7 @@ def _config(model: str | None, config: str | None) -> tuple[str, dict]:
     return model, table[model]
 
 
-def build_model(cfg: dict, dtype: str, checkpointing: bool):
-    """The model on the meta device, with causal FlashAttention as an H100 runs it."""
-    import torch
-    import transformers
-    from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
-    transformers.logging.set_verbosity_error()
-    AttentionInterface.register("teraio_meta_sdpa", paper._flash_attention)
-    d = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype", "dtype",
-                                                  "transformers_version", "_name_or_path")}
-    try:
-        conf = AutoConfig.for_model(d.pop("model_type"), **d)
-    except (ValueError, TypeError, KeyError) as e:
-        raise TeraioError(-22, f"model config: {e}") from None
-    conf.use_cache = False
-    conf._attn_implementation = "teraio_meta_sdpa"
-    with torch.device("meta"):
-        net = AutoModelForCausalLM.from_config(conf)
-    net = net.to(torch.bfloat16 if dtype == "bf16" else torch.float32)
-    net.train()
-    if checkpointing:
-        net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    return net
+build_model = paper.build_causal_lm  # the model on the meta device, as the paper tracer builds it
 
 
 def _optimizer(name: str, params):

@@ -216,26 +216,46 @@ def _flash_attention(module, query, key, value, attention_mask, scaling=None, dr
     return out.transpose(1, 2).contiguous(), None
 
 
-def build_model(name: str):
-    import torch
-    from transformers import AttentionInterface
-    AttentionInterface.register("teraio_meta_sdpa", _flash_attention)
+def model_config(name: str) -> dict:
+    """A built-in model's configuration as config.json keys (``model_type``
+    picks the transformers class)."""
     spec = dict(MODELS[name])
     cls = spec.pop("cls")
     spec.pop("params")
-    if cls == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
-        cfg = LlamaConfig(**spec, torch_dtype=torch.float32)
-        model_cls = LlamaForCausalLM
-    else:
-        from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM
-        cfg = GPTBigCodeConfig(**spec, torch_dtype=torch.float32)
-        model_cls = GPTBigCodeForCausalLM
-    cfg._attn_implementation = "teraio_meta_sdpa"
-    cfg.use_cache = False
+    return dict(model_type="llama" if cls == "llama" else "gpt_bigcode", **spec)
+
+
+def build_causal_lm(cfg: dict, dtype: str = "fp32", checkpointing: bool = False):
+    """A transformers causal language model from its config.json keys, on
+    the meta device, in training mode, with causal FlashAttention as an
+    H100 runs it; ``dtype`` "fp32" or "bf16".  Raises TeraioError for a
+    configuration transformers refuses."""
+    import torch
+    import transformers
+    from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
+    from ._lib import TeraioError
+    transformers.logging.set_verbosity_error()
+    AttentionInterface.register("teraio_meta_sdpa", _flash_attention)
+    d = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype", "dtype",
+                                                  "transformers_version", "_name_or_path")}
+    try:
+        conf = AutoConfig.for_model(d.pop("model_type"), **d)
+    except (ValueError, TypeError, KeyError) as e:
+        raise TeraioError(-22, f"model config: {e}") from None
+    conf.use_cache = False
+    conf._attn_implementation = "teraio_meta_sdpa"
     with torch.device("meta"):
-        model = model_cls(cfg)
-    return model
+        net = AutoModelForCausalLM.from_config(conf)
+    net = net.to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    net.train()
+    if checkpointing:
+        net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return net
+
+
+def build_model(name: str):
+    """A built-in model (MODELS), fp32, on the meta device."""
+    return build_causal_lm(model_config(name))
 
 
 def micro_batch(model: str, batch: int, seq: int) -> int:
