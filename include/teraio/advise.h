@@ -62,7 +62,8 @@ typedef struct {
     uint32_t threads;              /* worker threads; 0: one per online CPU */
 } tio_advise_options;
 
-/* The strategies a row compares, in this order. */
+/* The strategies a row compares, in this order: the simulator's
+ * TIO_SIM_IDEAL, TIO_SIM_TERAIO, TIO_SIM_ZERO_INFINITY, TIO_SIM_ZERO_OFFLOAD. */
 enum {
     TIO_ADVISE_IDEAL = 0,
     TIO_ADVISE_TERAIO = 1,
@@ -70,9 +71,6 @@ enum {
     TIO_ADVISE_ZERO_OFFLOAD = 3,
     TIO_ADVISE_N_STRATEGIES = 4,
 };
-
-/* The tio_sim_strategy of each TIO_ADVISE_* column. */
-TIO_API tio_sim_strategy tio_advise_strategy(int column);
 
 typedef struct {
     tio_advise_point point;

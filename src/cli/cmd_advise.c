@@ -319,24 +319,28 @@ static int parse_args(int argc, char **argv, advise_args *a)
 
 /* ---- the trace: a child process runs the Python tracer ---------------------- */
 
+/* The folder this program is in; false if /proc does not say. */
+static bool exe_dir(char *out, size_t n)
+{
+    ssize_t len = readlink("/proc/self/exe", out, n - 1);
+    char *slash = len > 0 ? (out[len] = '\0', strrchr(out, '/')) : NULL;
+    if (slash)
+        *slash = '\0';
+    return slash != NULL;
+}
+
 static void python_path(char *out, size_t n)
 {
     const char *env = getenv("TERAIO_PYTHON");
+    char dir[PATH_MAX];
     if (env && *env) {
         snprintf(out, n, "%s", env);
         return;
     }
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len > 0) {
-        exe[len] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(out, n, "%s/../../.venv/bin/python", exe);
-            if (access(out, X_OK) == 0)
-                return;
-        }
+    if (exe_dir(dir, sizeof dir)) {
+        snprintf(out, n, "%s/../../.venv/bin/python", dir);
+        if (access(out, X_OK) == 0)
+            return;
     }
     snprintf(out, n, "python3");
 }
@@ -349,11 +353,8 @@ static const char *resolve_profile(const char *arg, char *buf, size_t n)
     if (strchr(arg, '/') || access(arg, F_OK) == 0)
         return arg;
     char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char *slash = len > 0 ? (exe[len] = '\0', strrchr(exe, '/')) : NULL;
-    if (!slash)
+    if (!exe_dir(exe, sizeof exe))
         return arg;
-    *slash = '\0';
     static const char *const where[] = {"%s/../hw/%s%s", "%s/../../hw/%s%s"};
     const char *ext = strstr(arg, ".conf") ? "" : ".conf";
     for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {

@@ -25,11 +25,6 @@ static const tio_sim_strategy COLUMNS[TIO_ADVISE_N_STRATEGIES] = {
     [TIO_ADVISE_ZERO_OFFLOAD] = TIO_SIM_ZERO_OFFLOAD,
 };
 
-tio_sim_strategy tio_advise_strategy(int column)
-{
-    return column >= 0 && column < TIO_ADVISE_N_STRATEGIES ? COLUMNS[column] : TIO_SIM_IDEAL;
-}
-
 /* The optimizer step: from the first kernel that touches an optimizer state. */
 static uint32_t optimizer_start(const tio_trace *t)
 {
