@@ -110,22 +110,23 @@ migration_host_ns_per_byte = {ns_per_byte:.6f}
 
 # ---- the two jobs, on the meta device and for real ------------------------------
 
-def build(kind: str, device: str | None = None):
+def build(kind: str, meta: bool = False):
+    """The model and its AdamW, on the meta device (what advise traces) or
+    for real on the CPU (GPT-2 then as transformers builds it, sdpa attention)."""
     import torch
-    from teraio.advise import build_model
     from teraio.models.llama import Llama, LlamaConfig
+    from teraio.paper import build_causal_lm
     torch.manual_seed(0)
-    with torch.device(device or "cpu"):
-        net = Llama(LlamaConfig(**DEMO)) if kind == "demo" else None
-    if kind == "gpt2":
-        if device == "meta":
-            net = build_model(GPT2, "fp32", False)
-        else:
-            from transformers import AutoConfig, AutoModelForCausalLM
-            d = dict(GPT2)
-            net = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d))
-    opt = torch.optim.AdamW(net.parameters(), lr=3e-4, foreach=False)
-    return net, opt
+    if kind == "demo":
+        with torch.device("meta" if meta else "cpu"):
+            net = Llama(LlamaConfig(**DEMO))
+    elif meta:
+        net = build_causal_lm(GPT2)
+    else:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        d = dict(GPT2)
+        net = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d))
+    return net, torch.optim.AdamW(net.parameters(), lr=3e-4, foreach=False)
 
 
 def train_step(kind: str, net, opt, ids) -> None:
@@ -141,7 +142,7 @@ def meta_trace(kind: str, profile: Path) -> tuple[Path, int]:
     from teraio.advise import trace_module
     from teraio.paper import Roofline, read_hw
     job = JOBS[kind]
-    net, opt = build(kind, "meta")
+    net, opt = build(kind, meta=True)
     extra = 1 if kind == "demo" else 0
     ids = torch.zeros(job["batch"], job["seq"] + extra, dtype=torch.long, device="meta")
     tokens = job["batch"] * job["seq"]
